@@ -1,0 +1,77 @@
+"""PreferenceCollection: sample the current agents on the task items, score, and hand pairs to the data.
+
+Offline MADPO collects once, at fit start (before Lightning builds the first train dataloader). The
+callback talks to the LightningModule through ``team`` / ``args`` / ``sampling_settings()`` and to the
+DataModule through ``train_items`` / ``formatters`` / ``oracle`` / ``add_round(pairs)``.
+"""
+
+from __future__ import annotations
+
+import random
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from comlrl_lightning.callbacks.logging_utils import log_metrics
+from comlrl_lightning.generation import SamplingStream
+from comlrl_lightning.preferences import collect_offline_pairs
+
+
+class PreferenceCollection(L.Callback):
+    """Collect offline preference pairs once at fit start.
+
+    Args:
+        seed: seed of the agents' sampling streams (agent i uses ``seed + 1000 * i``) and of random pair
+            selection. None = the module's ``args.seed``.
+        chunk_size: task items generated together per agent.
+    """
+
+    def __init__(self, seed: int | None = None, chunk_size: int = 16):
+        self.seed = seed
+        self.chunk_size = chunk_size
+        self.collected = False
+        self.last_stats = None
+
+    @property
+    def state_key(self) -> str:
+        return "PreferenceCollection"
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for attr in ("team", "args", "sampling_settings"):
+            if not hasattr(pl_module, attr):
+                raise TypeError(f"PreferenceCollection needs a module with `{attr}` (e.g. MADPOModule); got "
+                                f"{type(pl_module).__name__}.")
+        dm = trainer.datamodule
+        for attr in ("train_items", "formatters", "oracle", "add_round"):
+            if not hasattr(dm, attr):
+                raise TypeError(f"PreferenceCollection needs a data module with `{attr}` (e.g. "
+                                f"PreferenceDataModule); got {type(dm).__name__}.")
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.collected:  # restored from a checkpoint: the pairs came back with the data module state
+            return
+        args = pl_module.args
+        seed = args.seed if self.seed is None else self.seed
+        streams = [SamplingStream(seed + 1000 * i) for i in range(pl_module.team.num_agents)]
+        dm = trainer.datamodule
+        pairs, stats = collect_offline_pairs(
+            pl_module.team, dm.train_items, dm.formatters, dm.oracle, pl_module.sampling_settings(),
+            args.preference_num_candidates, args.pair_selection, args.preference_pairs_per_sample,
+            random.Random(seed), streams, chunk_size=self.chunk_size,
+        )
+        self.collected = True
+        self.last_stats = stats
+        dm.add_round(pairs)
+        log_metrics(trainer, {"round/num_pairs": stats.num_pairs, "round/candidate_reward_mean": stats.reward_mean,
+                              "round/index": 0})
+        rank_zero_info(f"Collected {stats.num_pairs} preference pairs from {stats.num_items} task items "
+                       f"({stats.num_candidates} joint responses, mean task reward {stats.reward_mean:.4f}).")
+        if not pairs:
+            rank_zero_warn("MADPO: no non-tied preference pairs were generated; the policies are not updated.")
+            trainer.should_stop = True
+
+    def state_dict(self) -> dict:
+        return {"collected": self.collected}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.collected = bool(state_dict.get("collected", False))

@@ -1,0 +1,51 @@
+"""``comlrl-lightning``: a LightningCLI over our modules, data modules and callbacks.
+
+    comlrl-lightning fit --config configs/madpo/tiny.yaml
+    comlrl-lightning fit --config configs/madpo/tiny.yaml --print_config
+
+When the config leaves ``trainer.max_epochs`` unset, it is derived from the module's ``args``
+(``num_train_epochs``, times ``num_iterations`` for the iterative trainers).
+"""
+
+from __future__ import annotations
+
+
+def _make_cli_class():
+    import lightning as L
+    from lightning.pytorch.cli import LightningCLI
+
+    class ComlrlCLI(LightningCLI):
+        def before_fit(self) -> None:
+            args = getattr(self.model, "args", None)
+            loop = self.trainer.fit_loop
+            requested = self.config.get(self.subcommand, {}).get("trainer", {}).get("max_epochs")
+            if args is not None and requested is None and hasattr(args, "num_train_epochs"):
+                loop.max_epochs = int(args.num_train_epochs) * int(getattr(args, "num_iterations", 1))
+
+        def after_fit(self) -> None:
+            history = []
+            for cb in self.trainer.callbacks:
+                history = getattr(cb, "history", None) or history
+            if history and self.trainer.is_global_zero:
+                before, after = history[0][1].get("eval/reward_mean"), history[-1][1].get("eval/reward_mean")
+                print(f"task reward (eval/reward_mean): before {before:.4f} -> after {after:.4f}")
+
+    return ComlrlCLI, L
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``comlrl-lightning`` console script."""
+    cli_cls, L = _make_cli_class()
+    cli_cls(
+        L.LightningModule,
+        L.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        auto_configure_optimizers=False,
+        save_config_kwargs={"overwrite": True},
+        args=argv,
+    )
+
+
+if __name__ == "__main__":
+    main()

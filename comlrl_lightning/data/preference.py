@@ -1,0 +1,170 @@
+"""The DataModule: task items, the task-reward oracle, and the (round-refreshed) preference pairs.
+
+Callbacks push pairs in through :meth:`PreferenceDataModule.add_round` (the "pair sink" protocol); the
+train dataloader serves them as per-agent scoring batches (winner rows then loser rows).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from comlrl_lightning.data.tasks import build_formatters, load_task_items
+from comlrl_lightning.logprobs import build_scoring_batch
+from comlrl_lightning.preferences import PreferencePair
+from comlrl_lightning.rewards import RewardOracle
+
+
+def _resolve_callable(value: Any, what: str) -> Any:
+    """Accept a callable or a dotted import path ``package.module.name``."""
+    if value is None or callable(value):
+        return value
+    if isinstance(value, str) and "." in value:
+        module, _, name = value.rpartition(".")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"{what}: cannot import {value!r} ({exc}).") from exc
+    raise ValueError(f"{what} must be a callable or a dotted import path; got {value!r}.")
+
+
+class _PairList(Dataset):
+    def __init__(self, pairs: Sequence[PreferencePair]):
+        self.pairs = list(pairs)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i: int) -> tuple[int, PreferencePair]:
+        return i, self.pairs[i]
+
+
+class PreferenceDataModule(L.LightningDataModule):
+    """Task items + oracle + preference pairs.
+
+    Args:
+        train_dataset: task items for collection (see :func:`~comlrl_lightning.data.tasks.load_task_items`).
+        eval_dataset: task items for evaluation (None = no evaluation).
+        reward_func: the task reward (callable or dotted path); default: the built-in cooperative reward.
+        reward_processor: optional float → float applied to every raw reward.
+        formatters: None, one callable, or one per agent (callables or dotted paths).
+        num_agents: number of agents (checked against the module's team in ``setup``).
+        batch_size: pairs per optimizer step (None = the module's ``args.train_batch_size``).
+        seed: seed of the per-epoch shuffles (epoch e shuffles with ``seed + e``).
+    """
+
+    def __init__(
+        self,
+        train_dataset: Any = "builtin:cooperative",
+        eval_dataset: Any = "builtin:cooperative_eval",
+        reward_func: Callable | str | None = "comlrl_lightning.envs.cooperative.cooperative_reward",
+        reward_processor: Callable | str | None = None,
+        formatters: Any = "comlrl_lightning.envs.cooperative.FORMATTERS",
+        num_agents: int = 2,
+        prompt_field: str = "prompt",
+        batch_size: int | None = None,
+        seed: int = 0,
+    ):
+        super().__init__()
+        if reward_func is None:
+            raise ValueError("reward_func must be a callable (or a dotted import path); got None.")
+        self.oracle = RewardOracle(_resolve_callable(reward_func, "reward_func"),
+                                   _resolve_callable(reward_processor, "reward_processor"))
+        if isinstance(formatters, str):
+            formatters = _resolve_callable(formatters, "formatters") if "." in formatters else formatters
+        if isinstance(formatters, (list, tuple)):
+            formatters = [_resolve_callable(f, f"formatters[{i}]") for i, f in enumerate(formatters)]
+        self.formatters = build_formatters(formatters, num_agents, prompt_field)
+        self.num_agents = num_agents
+        self.prompt_field = prompt_field
+        self.train_items = load_task_items(train_dataset, "train")
+        self.eval_items = load_task_items(eval_dataset, "test") if eval_dataset is not None else []
+        if not self.train_items:
+            raise ValueError("train_dataset is empty: there is nothing to collect preferences on.")
+        self.batch_size = batch_size
+        self.seed = seed
+        self.pairs: list[PreferencePair] = []
+        self.tokenizers: list[Any] | None = None
+
+    # --- the pair sink ------------------------------------------------------------------------------
+    def add_round(self, pairs: Sequence[PreferencePair]) -> None:
+        """Replace the training pairs with this round's selection (offline MADPO: the single round)."""
+        self.pairs = list(pairs)
+
+    # --- Lightning ----------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        team = getattr(module, "team", None)
+        if team is not None:
+            if team.num_agents != self.num_agents:
+                raise ValueError(
+                    f"The data module was built for num_agents={self.num_agents} but the module has "
+                    f"{team.num_agents} agents."
+                )
+            self.tokenizers = team.tokenizers
+        if self.batch_size is None:
+            args = getattr(module, "args", None)
+            self.batch_size = getattr(args, "train_batch_size", None) or 2
+
+    def train_dataloader(self) -> DataLoader:
+        epoch = self.trainer.current_epoch if self.trainer is not None else 0
+        g = torch.Generator().manual_seed(int(self.seed) * 100_003 + int(epoch))
+        return DataLoader(_PairList(self.pairs), batch_size=self.batch_size, shuffle=True, generator=g,
+                          collate_fn=self.collate, num_workers=0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pairs": [dict(p.to_json(), _ids=[p.prompt_token_ids, p.winner_token_ids, p.loser_token_ids])
+                          for p in self.pairs]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pairs = []
+        for rec in state.get("pairs", []):
+            p = PreferencePair.from_json(rec, self.num_agents)
+            ids = rec.get("_ids")
+            if ids is not None:
+                p.prompt_token_ids, p.winner_token_ids, p.loser_token_ids = ids
+            pairs.append(p)
+        self.pairs = pairs
+
+    # --- tokenization ----------------------------------------------------------------------------------
+    def pair_token_ids(self, pair: PreferencePair, agent: int) -> tuple[list[int], list[int], list[int]]:
+        """(prompt, winner, loser) ids of one agent: the generated ids when kept, else re-tokenized text
+        (prompt with special tokens, completions without; spec §7.3)."""
+        if pair.winner_token_ids is not None and pair.prompt_token_ids is not None:
+            return pair.prompt_token_ids[agent], pair.winner_token_ids[agent], pair.loser_token_ids[agent]
+        tok = self.tokenizers[agent]
+        prompt = tok(pair.prompts[agent], add_special_tokens=True)["input_ids"]
+        win = tok(pair.winner_completions[agent], add_special_tokens=False)["input_ids"]
+        lose = tok(pair.loser_completions[agent], add_special_tokens=False)["input_ids"]
+        return prompt, win, lose
+
+    def collate(self, batch: list[tuple[int, PreferencePair]]) -> dict[str, Any]:
+        """Per agent one scoring batch of 2B rows (winners 0..B-1, losers B..2B-1)."""
+        if self.tokenizers is None:
+            raise RuntimeError("PreferenceDataModule.setup must run (inside a Trainer) before batches are built.")
+        indices = [i for i, _ in batch]
+        pairs = [p for _, p in batch]
+        agents = []
+        for a in range(self.num_agents):
+            prompts, comps = [], []
+            for p in pairs:
+                pr, w, lo = self.pair_token_ids(p, a)
+                prompts.append(pr)
+                comps.append(w)
+            for p in pairs:
+                pr, w, lo = self.pair_token_ids(p, a)
+                prompts.append(pr)
+                comps.append(lo)
+            agents.append(build_scoring_batch(prompts, comps, self.tokenizers[a].pad_token_id, drop_last=True))
+        return {
+            "agents": agents,
+            "pair_index": torch.tensor(indices, dtype=torch.long),
+            "candidate_reward_mean": torch.tensor([p.candidate_reward_mean for p in pairs], dtype=torch.float32),
+            "winner_reward": torch.tensor([p.winner_reward for p in pairs], dtype=torch.float32),
+            "loser_reward": torch.tensor([p.loser_reward for p in pairs], dtype=torch.float32),
+        }

@@ -1,0 +1,99 @@
+"""Task items: where they come from (built-in, local file, hub name, a ``datasets.Dataset``) and prompts."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+BUILTIN_DATASETS = ("builtin:cooperative", "builtin:cooperative_eval")
+
+
+def load_task_items(source: Any, split: str = "train") -> list[dict]:
+    """Task items as a list of dicts.
+
+    ``source``: a ``datasets.Dataset`` or list of dicts; ``builtin:cooperative`` (train part of the built-in
+    task) or ``builtin:cooperative_eval``; a local ``.json``/``.jsonl``/``.csv``/``.parquet`` file; or a hub
+    dataset name (fails at once with a clear message when HF_HUB_OFFLINE is set and it is not cached).
+    """
+    if source is None:
+        return []
+    if isinstance(source, str):
+        if source in BUILTIN_DATASETS:
+            from comlrl_lightning.envs.cooperative import load_cooperative_dataset
+
+            ds = load_cooperative_dataset("eval" if source.endswith("_eval") else "train")
+        elif source.startswith("builtin:"):
+            raise ValueError(f"Unknown built-in dataset {source!r}. Allowed: {', '.join(BUILTIN_DATASETS)}.")
+        elif Path(source).is_file():
+            from datasets import load_dataset
+
+            ext = Path(source).suffix.lower().lstrip(".")
+            kind = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet"}.get(ext)
+            if kind is None:
+                raise ValueError(f"Cannot read dataset file {source!r}: use .json, .jsonl, .csv or .parquet.")
+            ds = load_dataset(kind, data_files=source, split="train")
+        else:
+            from datasets import load_dataset
+
+            try:
+                ds = load_dataset(source, split=split)
+            except Exception as exc:  # noqa: BLE001
+                offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+                hint = " HF_HUB_OFFLINE is set and it is not in the local cache." if offline else ""
+                raise ValueError(
+                    f"Cannot load dataset {source!r} (split {split!r}): it is not a local file and loading it "
+                    f"by name failed.{hint} Pass a local JSON/JSONL file or a datasets.Dataset. ({exc})"
+                ) from exc
+        return [dict(r) for r in ds]
+    if hasattr(source, "__iter__"):
+        items = [dict(r) for r in source]
+        for i, r in enumerate(items):
+            if not isinstance(r, dict):
+                raise ValueError(f"Dataset item {i} is a {type(r).__name__}, not a dict.")
+        return items
+    raise ValueError(f"Unsupported dataset source of type {type(source).__name__}.")
+
+
+def build_formatters(formatters: Any, num_agents: int, prompt_field: str = "prompt") -> list[Callable[[dict], str]]:
+    """One prompt function per agent: None → ``item[prompt_field]``; one callable → shared; a list → per agent."""
+    if formatters is None:
+        def default(item: dict, _field: str = prompt_field) -> str:
+            return item[_field]
+
+        return [default] * num_agents
+    if callable(formatters):
+        return [formatters] * num_agents
+    formatters = list(formatters)
+    if len(formatters) != num_agents:
+        raise ValueError(
+            f"Number of formatters must match num_agents when providing a sequence: got {len(formatters)} "
+            f"formatters for {num_agents} agents."
+        )
+    for i, f in enumerate(formatters):
+        if not callable(f):
+            raise ValueError(f"formatters[{i}] is not callable (got {type(f).__name__}).")
+    return formatters
+
+
+def format_prompts(items: Sequence[dict], formatters: Sequence[Callable[[dict], str]], offset: int = 0,
+                   prompt_field: str = "prompt") -> list[list[str]]:
+    """``prompts[a][k]`` = formatter a applied to item k, with errors that name the item."""
+    out: list[list[str]] = [[] for _ in formatters]
+    for k, item in enumerate(items):
+        for a, f in enumerate(formatters):
+            try:
+                text = f(item)
+            except KeyError as exc:
+                raise ValueError(
+                    f"Dataset item {offset + k} has no field {exc.args[0]!r} (needed by agent {a}'s prompt; "
+                    f"item keys: {sorted(item)}). Add the field or pass formatters."
+                ) from exc
+            if not isinstance(text, str) or not text:
+                raise ValueError(
+                    f"Formatter of agent {a} returned {text!r} for dataset item {offset + k}; prompts must be "
+                    "non-empty strings."
+                )
+            out[a].append(text)
+    return out

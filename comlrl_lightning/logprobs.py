@@ -1,0 +1,82 @@
+"""Masked sequence log-probs: the spec's token rules live here, once.
+
+Decentralized MADPO scoring (spec preference.md §7.2, decision 3): the completion is trimmed at its first
+pad token, and its **last** token is not scored (when pad != eos that is the EOS; for re-tokenized text it
+is the last content token). Every other completion token t_k is scored by log p(t_k | prompt, t_<k);
+prompt and padding positions never count.
+
+Rows are right-padded so that one forward pass scores winners and losers of all pairs together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+def trim_at_pad(ids: Sequence[int], pad_id: int | None) -> list[int]:
+    """Token ids up to (excluding) the first ``pad_id``."""
+    ids = list(ids)
+    if pad_id is not None and pad_id in ids:
+        return ids[: ids.index(pad_id)]
+    return ids
+
+
+def build_scoring_batch(
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    pad_id: int,
+    drop_last: bool = True,
+) -> dict[str, torch.Tensor]:
+    """Right-padded rows ``[prompt ; completion]`` with a mask of the scored completion positions.
+
+    For row r with prompt length P and trimmed completion c of length C, the scored tokens are
+    c[0 .. C-2] when ``drop_last`` (c[0 .. C-1] otherwise), i.e. input positions P .. P+C-2.
+    Returns ``input_ids`` [R, L], ``attention_mask`` [R, L] and ``score_mask`` [R, L] (1 where the token at
+    that position is scored).
+    """
+    if len(prompt_ids) != len(completion_ids):
+        raise ValueError("prompt_ids and completion_ids must have the same number of rows")
+    rows, masks = [], []
+    for p, c in zip(prompt_ids, completion_ids):
+        c = trim_at_pad(c, pad_id)
+        if drop_last:
+            c = c[:-1]
+        if not p:
+            raise ValueError("a scoring row has an empty prompt; every row needs at least one prompt token")
+        rows.append(list(p) + c)
+        masks.append([0] * len(p) + [1] * len(c))
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    score = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, (row, m) in enumerate(zip(rows, masks)):
+        input_ids[r, : len(row)] = torch.tensor(row, dtype=torch.long)
+        attention[r, : len(row)] = 1
+        score[r, : len(row)] = torch.tensor(m, dtype=torch.long)
+    return {"input_ids": input_ids, "attention_mask": attention, "score_mask": score}
+
+
+def token_logps(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Log-prob of each input token under the logits of the previous position.
+
+    ``logits`` [R, L, V], ``input_ids`` [R, L] → [R, L] with position 0 set to 0 (nothing predicts it).
+    Computed in float32.
+    """
+    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
+    gathered = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return F.pad(gathered, (1, 0), value=0.0)
+
+
+def masked_sequence_logps(logits: torch.Tensor, input_ids: torch.Tensor, score_mask: torch.Tensor) -> torch.Tensor:
+    """Sum over the scored positions: log π(completion) = Σ_t mask_t · log p(x_t | x_<t). Returns [R]."""
+    per_token = token_logps(logits, input_ids)
+    return (per_token * score_mask.to(per_token.dtype)).sum(-1)
+
+
+def sequence_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One forward pass of ``model`` over a :func:`build_scoring_batch` batch → summed log-probs [R]."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+    return masked_sequence_logps(out.logits, batch["input_ids"], batch["score_mask"])

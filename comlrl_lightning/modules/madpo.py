@@ -1,0 +1,213 @@
+"""MADPOModule: reference-free joint DPO over a team of agents, one optimizer per agent (manual).
+
+Per batch of B pairs, each agent runs ONE forward over its 2B rows (winners then losers), the log-probs are
+stacked into ``[num_agents, B]`` and :func:`~comlrl_lightning.losses.madpo_loss` gives the per-pair joint
+loss. With separate agent parameters (distinct models, or distinct LoRA adapters on one base) a single
+backward of the joint loss gives every agent the gradient of the spec's "others detached" loss.
+When agents share parameters (one model object passed for several agents) the module follows the spec
+step by step instead: a detached pass for all margins, then per agent a graded pass, backward and step.
+
+``trainer.global_step`` counts every optimizer step of every agent (num_agents per update). The module
+also tracks ``env_step`` (environment_steps_per_pair per trained pair, spec §7.4) and ``updates_seen``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+
+from comlrl_lightning.agents import AgentTeam, build_agents
+from comlrl_lightning.config import MADPOConfig
+from comlrl_lightning.generation import SamplingSettings
+from comlrl_lightning.logprobs import sequence_logps
+from comlrl_lightning.losses import madpo_loss, madpo_loss_detached_others
+from comlrl_lightning.tiny import TINY_MODEL_NAME
+
+
+class MADPOModule(L.LightningModule):
+    """Multi-agent DPO (spec preference.md §7).
+
+    Args:
+        agent_model: one hub id / local path / ``embedded:tiny`` for homogeneous agents.
+        agents: a list of ids, paths or model objects (overrides ``agent_model``).
+        tokenizer: one tokenizer or one per agent (required with model objects).
+        model_config: load kwargs (``dtype``, ``attn_implementation``, ``model_kwargs``, ``special_tokens``).
+        lora: peft LoraConfig kwargs; one frozen base shared by all agents, one adapter per agent.
+        args: the :class:`~comlrl_lightning.config.MADPOConfig` (dpo_beta, agent_learning_rate, ...).
+        optimizer: optimizer factory per agent (default AdamW with ``agent_learning_rate``).
+        lr_scheduler: optional scheduler factory per agent (stepped after each optimizer step).
+    """
+
+    def __init__(
+        self,
+        agent_model: str | None = TINY_MODEL_NAME,
+        agents: Sequence[Any] | None = None,
+        tokenizer: Any = None,
+        model_config: dict | None = None,
+        lora: dict | None = None,
+        args: MADPOConfig | None = None,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
+    ):
+        super().__init__()
+        self.automatic_optimization = False
+        self.args = args if args is not None else MADPOConfig()
+        self.save_hyperparameters(ignore=["agents", "tokenizer", "optimizer", "lr_scheduler"])
+        self.team: AgentTeam = build_agents(
+            agent_model=agent_model if agents is None else None, agents=agents, num_agents=self.args.num_agents,
+            tokenizer=tokenizer, model_config=model_config, lora=lora,
+        )
+        if self.team.num_agents != self.args.num_agents:
+            raise ValueError(
+                f"args.num_agents={self.args.num_agents} but {self.team.num_agents} agents were given."
+            )
+        self.models = torch.nn.ModuleList(self.team.unique_models())
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = lr_scheduler
+        self.env_step = 0
+        self.updates_seen = 0
+        self.round_index = 0
+        self._accum = 0
+
+    # --- small interface used by callbacks ---------------------------------------------------------------
+    def sampling_settings(self) -> SamplingSettings:
+        a = self.args
+        return SamplingSettings(a.max_new_tokens, a.temperature, a.top_p, a.top_k)
+
+    def on_fit_start(self) -> None:
+        for m in self.team.unique_models():
+            m.train()
+
+    # --- optimization ------------------------------------------------------------------------------------
+    def configure_optimizers(self):
+        optimizers, schedulers = [], []
+        for i in range(self.team.num_agents):
+            params = self.team.parameters_of(i)
+            if not params:
+                raise ValueError(f"Agent {i} has no trainable parameters.")
+            if self.optimizer_factory is not None:
+                opt = self.optimizer_factory(params)
+            else:
+                opt = torch.optim.AdamW(params, lr=self.args.agent_learning_rate)
+            optimizers.append(opt)
+            if self.scheduler_factory is not None:
+                schedulers.append(self.scheduler_factory(opt))
+        if schedulers:
+            return optimizers, schedulers
+        return optimizers
+
+    def _agent_logps(self, batch: dict, i: int, grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = {k: v.to(self.device) for k, v in batch["agents"][i].items()}
+        with torch.set_grad_enabled(grad), self.team.activate(i) as model:
+            logps = sequence_logps(model, rows)
+        b = rows["input_ids"].shape[0] // 2
+        return logps[:b], logps[b:]
+
+    def _check_finite(self, loss: torch.Tensor, batch: dict) -> None:
+        bad = ~torch.isfinite(loss.detach())
+        if bad.any():
+            idx = batch["pair_index"][bad.cpu()].tolist()
+            raise FloatingPointError(
+                f"MADPO loss is not finite for pair(s) {idx} of the current pair set (loss values "
+                f"{loss.detach()[bad].tolist()}). Check those pairs' texts and the learning rate."
+            )
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        optimizers = self.optimizers()
+        optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
+        n = self.team.num_agents
+        accumulate = self.args.gradient_accumulation_steps
+        beta = self.args.dpo_beta
+        if self.team.shares_parameters():
+            loss, stats = self._sequential_step(batch, optimizers, beta)
+        else:
+            logps = [self._agent_logps(batch, i) for i in range(n)]
+            winner = torch.stack([w for w, _ in logps])
+            loser = torch.stack([lo for _, lo in logps])
+            per_pair, stats = madpo_loss(winner, loser, beta)
+            self._check_finite(per_pair, batch)
+            loss = per_pair.mean()
+            self.manual_backward(loss / accumulate)
+            self._accum += 1
+            if self._accum >= accumulate:
+                self._step_all(optimizers)
+        self._after_update(batch, loss, stats)
+        return loss.detach()
+
+    def _step_all(self, optimizers: list) -> None:
+        for opt in optimizers:
+            if self.args.gradient_clip_val is not None:
+                self.clip_gradients(opt, gradient_clip_val=self.args.gradient_clip_val, gradient_clip_algorithm="norm")
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        schedulers = self.lr_schedulers()
+        if schedulers is not None:
+            for s in schedulers if isinstance(schedulers, list) else [schedulers]:
+                s.step()
+        self._accum = 0
+
+    def _sequential_step(self, batch: dict, optimizers: list, beta: float):
+        """Spec §7.1 literally: detached margins of all agents, then per agent a graded pass and a step."""
+        n = self.team.num_agents
+        with torch.no_grad():
+            det = [self._agent_logps(batch, i, grad=False) for i in range(n)]
+        winner = torch.stack([w for w, _ in det])
+        loser = torch.stack([lo for _, lo in det])
+        per_pair, stats = madpo_loss(winner, loser, beta)
+        self._check_finite(per_pair, batch)
+        for i, opt in enumerate(optimizers):
+            opt.zero_grad(set_to_none=True)
+            w_i, l_i = self._agent_logps(batch, i)
+            w = winner.clone()
+            lo = loser.clone()
+            w = torch.cat([w[:i], w_i.unsqueeze(0), w[i + 1:]])
+            lo = torch.cat([lo[:i], l_i.unsqueeze(0), lo[i + 1:]])
+            loss_i = madpo_loss_detached_others(w, lo, beta, i)
+            if not torch.isfinite(loss_i):
+                self._check_finite(loss_i.reshape(1).expand(len(batch["pair_index"])), batch)
+            self.manual_backward(loss_i)
+            if self.args.gradient_clip_val is not None:
+                self.clip_gradients(opt, gradient_clip_val=self.args.gradient_clip_val, gradient_clip_algorithm="norm")
+            opt.step()
+        return per_pair.mean(), stats
+
+    def _after_update(self, batch: dict, loss: torch.Tensor, stats: dict) -> None:
+        bsz = int(batch["pair_index"].numel())
+        self.updates_seen += 1
+        if self.args.use_environment_step:
+            self.env_step += self.args.environment_steps_per_pair * bsz
+        beta = self.args.dpo_beta
+        metrics = {
+            "train/loss": loss.detach(),
+            "train/accuracy": stats["accuracy"],
+            "turn_1/reward_mean": batch["candidate_reward_mean"].mean(),
+            "turn_1/expected_return": batch["candidate_reward_mean"].mean(),
+            "env_step": float(self.env_step),
+            "round": float(self.round_index),
+        }
+        for i in range(self.team.num_agents):
+            metrics[f"train/agent{i}/rewards/margins"] = beta * stats["agent_margins"][i]
+            metrics[f"train/agent{i}/logps/chosen"] = stats["chosen_logps"][i]
+            metrics[f"train/agent{i}/logps/rejected"] = stats["rejected_logps"][i]
+        self.log_dict(metrics, batch_size=bsz, on_step=True, on_epoch=False)
+        self.log("loss", loss.detach(), prog_bar=True, batch_size=bsz, logger=False)
+
+    # --- checkpoint ----------------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["comlrl_progress"] = {
+            "env_step": self.env_step, "updates_seen": self.updates_seen, "round_index": self.round_index,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        progress = checkpoint.get("comlrl_progress", {})
+        self.env_step = int(progress.get("env_step", 0))
+        self.updates_seen = int(progress.get("updates_seen", 0))
+        self.round_index = int(progress.get("round_index", 0))
+
+    def save_agents(self, output_dir: str) -> list[str]:
+        """Write ``output_dir/agent_{i}/`` per agent (model + tokenizer, or the LoRA adapter)."""
+        return self.team.save(output_dir)

@@ -1,0 +1,269 @@
+"""Candidates → joint responses → preference pairs, and the pair record.
+
+Joint response j is candidate j of every agent ("aligned"). Offline pairs compare two joint responses of
+the current policy (every ordered pair with a strictly positive reward gap); iterative pairs compare the
+current policy's candidate j with the comparator's candidate j. Ties are never kept.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+PAIR_FIELDS = (
+    "prompts", "winner_completions", "loser_completions", "winner_reward", "loser_reward",
+    "candidate_reward_mean", "raw_rewards", "target_raw_reward", "comparator_raw_reward",
+)
+
+
+@dataclass
+class PreferencePair:
+    """One preference between two joint responses (one text per agent on each side).
+
+    ``winner_token_ids`` / ``loser_token_ids`` / ``prompt_token_ids`` optionally keep the generated ids
+    (offline MADPO scores the generated rows); they are not part of the JSON record, which is text only.
+    """
+
+    prompts: list[str]
+    winner_completions: list[str]
+    loser_completions: list[str]
+    winner_reward: float
+    loser_reward: float
+    candidate_reward_mean: float
+    raw_rewards: list[float] = field(default_factory=list)
+    target_raw_reward: float | None = None
+    comparator_raw_reward: float | None = None
+    prompt_token_ids: list[list[int]] | None = None
+    winner_token_ids: list[list[int]] | None = None
+    loser_token_ids: list[list[int]] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The record of spec §3.7: every key present, plain JSON types."""
+        return {
+            "prompts": list(self.prompts),
+            "winner_completions": list(self.winner_completions),
+            "loser_completions": list(self.loser_completions),
+            "winner_reward": float(self.winner_reward),
+            "loser_reward": float(self.loser_reward),
+            "candidate_reward_mean": float(self.candidate_reward_mean),
+            "raw_rewards": [float(x) for x in self.raw_rewards],
+            "target_raw_reward": None if self.target_raw_reward is None else float(self.target_raw_reward),
+            "comparator_raw_reward": (
+                None if self.comparator_raw_reward is None else float(self.comparator_raw_reward)
+            ),
+        }
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any], num_agents: int | None = None) -> PreferencePair:
+        """Rebuild a pair from its record; text lists are cut or padded with "" to ``num_agents``."""
+        if not isinstance(record, dict):
+            raise ValueError(f"a preference pair record must be a dict; got {type(record).__name__}.")
+
+        def texts(key: str) -> list[str]:
+            values = [str(v) for v in (record.get(key) or [])]
+            if num_agents is not None:
+                values = (values + [""] * num_agents)[:num_agents]
+            return values
+
+        def opt(key: str) -> float | None:
+            v = record.get(key)
+            return None if v is None else float(v)
+
+        return cls(
+            prompts=texts("prompts"),
+            winner_completions=texts("winner_completions"),
+            loser_completions=texts("loser_completions"),
+            winner_reward=float(record.get("winner_reward", 0.0) or 0.0),
+            loser_reward=float(record.get("loser_reward", 0.0) or 0.0),
+            candidate_reward_mean=float(record.get("candidate_reward_mean", 0.0) or 0.0),
+            raw_rewards=[float(x) for x in (record.get("raw_rewards") or [])],
+            target_raw_reward=opt("target_raw_reward"),
+            comparator_raw_reward=opt("comparator_raw_reward"),
+        )
+
+
+def select_offline_pairs(
+    rewards: Sequence[float], pair_selection: str, limit: int | None, rng: random.Random | None = None
+) -> list[tuple[int, int]]:
+    """Pairs (winner, loser) of candidate indices for one item (spec §3.4).
+
+    Candidates: every ordered (i, j) with r_i - r_j > 0. ``reward_gap``: stable sort by gap descending
+    (ties keep i, then j ascending), first ``limit``. ``random``: shuffled with ``rng``, first ``limit``.
+    ``all``: sorted by (i, j), no limit.
+    """
+    cands = [(rewards[i] - rewards[j], i, j) for i in range(len(rewards)) for j in range(len(rewards))
+             if i != j and rewards[i] - rewards[j] > 0]
+    if pair_selection == "reward_gap":
+        cands.sort(key=lambda c: -c[0])
+    elif pair_selection == "random":
+        (rng or random).shuffle(cands)
+    elif pair_selection == "all":
+        cands.sort(key=lambda c: (c[1], c[2]))
+        return [(i, j) for _, i, j in cands]
+    else:
+        raise ValueError(f"pair_selection must be one of: reward_gap, all, random. Got {pair_selection!r}.")
+    if limit is not None:
+        cands = cands[:limit]
+    return [(i, j) for _, i, j in cands]
+
+
+def select_iterative_pairs(
+    current: Sequence[float], comparator: Sequence[float], pair_selection: str, limit: int | None,
+    rng: random.Random | None = None,
+) -> list[tuple[int, str]]:
+    """Index-aligned current-vs-comparator comparisons for one item (spec §3.5).
+
+    For j < min(N, M), compare c_j with p_j; equal values are skipped; the higher side wins. Returns
+    (j, winner) with winner in {"current", "comparator"}. ``comparator_reward``: sort descending by
+    (p_j, |gap|); ``reward_gap``: by |gap| descending; ``random``: shuffled; ``all``: by j. Stable sorts;
+    all but ``all`` truncate to ``limit``.
+    """
+    recs = []
+    for j in range(min(len(current), len(comparator))):
+        gap = current[j] - comparator[j]
+        if gap == 0:
+            continue
+        recs.append((abs(gap), comparator[j], j, "current" if gap > 0 else "comparator"))
+    if pair_selection == "comparator_reward":
+        recs.sort(key=lambda r: (-r[1], -r[0]))
+    elif pair_selection == "reward_gap":
+        recs.sort(key=lambda r: -r[0])
+    elif pair_selection == "random":
+        (rng or random).shuffle(recs)
+    elif pair_selection == "all":
+        return [(j, w) for _, _, j, w in sorted(recs, key=lambda r: r[2])]
+    else:
+        raise ValueError(
+            f"pair_selection must be one of: reward_gap, all, random, comparator_reward. Got {pair_selection!r}."
+        )
+    if limit is not None:
+        recs = recs[:limit]
+    return [(j, w) for _, _, j, w in recs]
+
+
+@dataclass
+class CollectionStats:
+    """What one collection pass saw: items, joint responses, pairs, and the mean candidate reward."""
+
+    num_items: int = 0
+    num_candidates: int = 0
+    num_pairs: int = 0
+    num_ties: int = 0
+    reward_sum: float = 0.0
+    wins: int = 0
+    comparisons: int = 0
+
+    @property
+    def reward_mean(self) -> float:
+        return self.reward_sum / self.num_candidates if self.num_candidates else 0.0
+
+
+def build_offline_pairs(
+    items: Sequence[dict],
+    prompts: Sequence[Sequence[str]],
+    samples: Sequence[Any],
+    score: Callable[[Sequence[str], Sequence[str], dict, int], tuple[float, float]],
+    pair_selection: str,
+    limit: int | None,
+    rng: random.Random,
+    item_offset: int = 0,
+) -> tuple[list[PreferencePair], CollectionStats]:
+    """Score aligned joint responses and build the offline pairs of each item.
+
+    ``prompts[a][k]`` is agent a's prompt for item k; ``samples[a]`` is agent a's
+    :class:`~comlrl_lightning.generation.Samples` over the same items. ``score(prompts, texts, item,
+    index)`` returns (processed, raw) for one joint response.
+    """
+    pairs: list[PreferencePair] = []
+    stats = CollectionStats()
+    num_agents = len(samples)
+    for k, item in enumerate(items):
+        agent_prompts = [prompts[a][k] for a in range(num_agents)]
+        n = min(len(samples[a].texts[k]) for a in range(num_agents))
+        rewards = []
+        for j in range(n):
+            processed, _ = score(agent_prompts, [samples[a].texts[k][j] for a in range(num_agents)], item,
+                                 item_offset + k)
+            rewards.append(processed)
+        stats.num_items += 1
+        stats.num_candidates += n
+        stats.reward_sum += sum(rewards)
+        mean = sum(rewards) / n if n else 0.0
+        chosen = select_offline_pairs(rewards, pair_selection, limit, rng)
+        stats.num_pairs += len(chosen)
+        for w, lo in chosen:
+            pairs.append(PreferencePair(
+                prompts=agent_prompts,
+                winner_completions=[samples[a].texts[k][w] for a in range(num_agents)],
+                loser_completions=[samples[a].texts[k][lo] for a in range(num_agents)],
+                winner_reward=rewards[w],
+                loser_reward=rewards[lo],
+                candidate_reward_mean=mean,
+                prompt_token_ids=[samples[a].prompt_ids[k] for a in range(num_agents)],
+                winner_token_ids=[samples[a].completion_ids[k][w] for a in range(num_agents)],
+                loser_token_ids=[samples[a].completion_ids[k][lo] for a in range(num_agents)],
+            ))
+    return pairs, stats
+
+
+def sample_team(team: Any, prompts: Sequence[Sequence[str]], num_candidates: int, settings: Any,
+                streams: Sequence[Any], max_batch_rows: int = 256) -> list[Any]:
+    """Sample ``num_candidates`` completions per agent per prompt: one batched pass per agent."""
+    from comlrl_lightning.generation import sample_completions
+
+    out = []
+    for a in range(team.num_agents):
+        with team.activate(a) as model:
+            out.append(sample_completions(model, team.tokenizers[a], prompts[a], num_candidates, settings,
+                                          streams[a], max_batch_rows=max_batch_rows))
+    return out
+
+
+def collect_offline_pairs(
+    team: Any,
+    items: Sequence[dict],
+    formatters: Sequence[Callable[[dict], str]],
+    oracle: Any,
+    settings: Any,
+    num_candidates: int,
+    pair_selection: str,
+    limit: int | None,
+    rng: random.Random,
+    streams: Sequence[Any],
+    chunk_size: int = 16,
+    progress: bool = True,
+) -> tuple[list[PreferencePair], CollectionStats]:
+    """One pass over ``items``: sample, score aligned joint responses, select pairs (spec §3.1–3.4).
+
+    Items are processed in chunks of ``chunk_size`` (one batched ``generate`` per agent per chunk), in
+    dataset order, so the pair order is dataset order then selection order.
+    """
+    from comlrl_lightning.data.tasks import format_prompts
+
+    pairs: list[PreferencePair] = []
+    total = CollectionStats()
+    starts = range(0, len(items), chunk_size)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(items), desc="collecting preferences", unit="item", leave=False)
+    try:
+        for start in starts:
+            chunk = list(items[start:start + chunk_size])
+            prompts = format_prompts(chunk, formatters, offset=start)
+            samples = sample_team(team, prompts, num_candidates, settings, streams)
+            new, stats = build_offline_pairs(chunk, prompts, samples, oracle.score, pair_selection, limit, rng,
+                                             item_offset=start)
+            pairs.extend(new)
+            for f in ("num_items", "num_candidates", "num_pairs", "reward_sum"):
+                setattr(total, f, getattr(total, f) + getattr(stats, f))
+            if bar is not None:
+                bar.update(len(chunk))
+                bar.set_postfix(pairs=total.num_pairs, reward=f"{total.reward_mean:.3f}")
+    finally:
+        if bar is not None:
+            bar.close()
+    return pairs, total

@@ -1,0 +1,1 @@
+"""Facades that assemble a Lightning Trainer, a module, a data module and callbacks."""

@@ -1,0 +1,81 @@
+"""MADPOTrainer: the facade CoMLRL users expect; it only assembles Trainer + module + data + callbacks.
+
+Everything it does is reachable from a YAML config too (``comlrl-lightning fit --config
+configs/madpo/tiny.yaml``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lightning as L
+
+from comlrl_lightning.callbacks import PreferenceCollection, TaskRewardEvaluation
+from comlrl_lightning.config import MADPOConfig
+from comlrl_lightning.data.preference import PreferenceDataModule
+from comlrl_lightning.modules.madpo import MADPOModule
+
+
+class MADPOTrainer:
+    """Offline MADPO: collect pairs once with the task reward, then ``num_train_epochs`` DPO epochs.
+
+    Args mirror CoMLRL's (spec §2.7): ``agent_model`` or ``agents``, ``tokenizer``, ``train_dataset``,
+    ``eval_dataset``, ``reward_func``, ``reward_processor``, ``formatters``, ``args``; plus ``model_config``,
+    ``lora``, extra ``callbacks`` and ``trainer_kwargs`` for ``lightning.Trainer``.
+    """
+
+    def __init__(
+        self,
+        agent_model: str | None = None,
+        agents: Sequence[Any] | None = None,
+        num_agents: int | None = None,
+        tokenizer: Any = None,
+        model_config: dict | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        reward_func: Callable | None = None,
+        reward_processor: Callable | None = None,
+        formatters: Any = None,
+        args: MADPOConfig | None = None,
+        lora: dict | None = None,
+        callbacks: Sequence[L.Callback] = (),
+        trainer_kwargs: dict | None = None,
+    ):
+        if agent_model is None and agents is None:
+            raise ValueError("Either agent_model or agents must be provided.")
+        if not callable(reward_func):
+            raise ValueError(f"reward_func must be a callable; got {type(reward_func).__name__}.")
+        if train_dataset is None:
+            raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a local file).")
+        self.args = args if args is not None else MADPOConfig()
+        if agents is not None and num_agents is None:
+            self.args.num_agents = len(agents)
+        elif num_agents is not None and num_agents != self.args.num_agents:
+            raise ValueError(f"num_agents ({num_agents}) must match args.num_agents ({self.args.num_agents}).")
+        self.module = MADPOModule(agent_model=agent_model, agents=agents, tokenizer=tokenizer,
+                                  model_config=model_config, lora=lora, args=self.args)
+        self.datamodule = PreferenceDataModule(
+            train_dataset=train_dataset, eval_dataset=eval_dataset, reward_func=reward_func,
+            reward_processor=reward_processor, formatters=formatters, num_agents=self.args.num_agents,
+            seed=self.args.seed,
+        )
+        self.collection = PreferenceCollection()
+        self.evaluation = TaskRewardEvaluation()
+        kwargs = dict(accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
+                      max_epochs=self.args.num_train_epochs, num_sanity_val_steps=0)
+        kwargs.update(trainer_kwargs or {})
+        self.trainer = L.Trainer(callbacks=[self.collection, self.evaluation, *callbacks], **kwargs)
+
+    @property
+    def team(self):
+        return self.module.team
+
+    def train(self, ckpt_path: str | None = None) -> dict:
+        """Collect pairs and train; returns the final callback metrics as floats."""
+        self.trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt_path)
+        return {k: float(v) for k, v in self.trainer.callback_metrics.items()}
+
+    def save_model(self, output_dir: str) -> list[str]:
+        """Write ``output_dir/agent_{i}/`` for each agent (model + tokenizer, or the LoRA adapter)."""
+        return self.module.save_agents(output_dir)

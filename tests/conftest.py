@@ -1,0 +1,41 @@
+"""Shared fixtures: the embedded tiny model (built once per session), offline environment, CPU trainers."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """Folder of the embedded tiny model, built once for the session."""
+    from comlrl_lightning.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache_dir(tmp_path_factory):
+    """Keep the embedded default's cache inside the test session (never the user's home)."""
+    path = tmp_path_factory.mktemp("cache")
+    old = os.environ.get("COMLRL_LIGHTNING_CACHE")
+    os.environ["COMLRL_LIGHTNING_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("COMLRL_LIGHTNING_CACHE", None)
+    else:
+        os.environ["COMLRL_LIGHTNING_CACHE"] = old
+
+
+def cpu_trainer_kwargs(**overrides):
+    """Quiet single-device CPU trainer settings for tests."""
+    kwargs = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    kwargs.update(overrides)
+    return kwargs
