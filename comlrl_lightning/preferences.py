@@ -267,3 +267,66 @@ def collect_offline_pairs(
         if bar is not None:
             bar.close()
     return pairs, total
+
+
+def build_iterative_pairs(
+    items: Sequence[dict],
+    prompts: Sequence[Sequence[str]],
+    current: Sequence[Any],
+    comparator: Sequence[Any],
+    score: Callable[[Sequence[str], Sequence[str], dict, int], tuple[float, float]],
+    pair_selection: str,
+    limit: int | None,
+    rng: random.Random,
+    item_offset: int = 0,
+) -> tuple[list[PreferencePair], CollectionStats]:
+    """Current-versus-comparator pairs of each item (spec §3.5, §5.6).
+
+    ``current[a]`` / ``comparator[a]`` hold agent a's samples (only ``.texts`` is read); candidate j of
+    every agent forms joint response j on each side. A side has ``min_a len(texts)`` joint responses, so
+    N and M may differ: only the first ``min(N, M)`` indices are compared, but every joint response of
+    both sides enters ``candidate_reward_mean``. Pairs carry the current policy's prompts, the raw rewards
+    ``[winner, loser]``, ``target_raw_reward`` (c_raw[j]) and ``comparator_raw_reward`` (p_raw[j]) and no
+    token ids (they are re-tokenized from the text, §7.3). The stats count wins of the current side,
+    ties and comparisons over the aligned indices.
+    """
+    pairs: list[PreferencePair] = []
+    stats = CollectionStats()
+    num_agents = len(current)
+    for k, item in enumerate(items):
+        agent_prompts = [prompts[a][k] for a in range(num_agents)]
+        sides = []
+        for samples in (current, comparator):
+            n = min(len(samples[a].texts[k]) for a in range(num_agents))
+            texts = [[samples[a].texts[k][j] for a in range(num_agents)] for j in range(n)]
+            scored = [score(agent_prompts, t, item, item_offset + k) for t in texts]
+            sides.append((texts, [s[0] for s in scored], [s[1] for s in scored]))
+        (c_texts, c, c_raw), (p_texts, p, p_raw) = sides
+        every = c + p
+        mean = sum(every) / len(every) if every else 0.0
+        aligned = min(len(c), len(p))
+        ties = sum(1 for j in range(aligned) if c[j] == p[j])
+        stats.num_items += 1
+        stats.num_candidates += len(every)
+        stats.reward_sum += sum(every)
+        stats.comparisons += aligned
+        stats.num_ties += ties
+        stats.wins += sum(1 for j in range(aligned) if c[j] > p[j])
+        chosen = select_iterative_pairs(c, p, pair_selection, limit, rng)
+        stats.num_pairs += len(chosen)
+        for j, winner in chosen:
+            cur = (c_texts[j], c[j], c_raw[j])
+            comp = (p_texts[j], p[j], p_raw[j])
+            win, lose = (cur, comp) if winner == "current" else (comp, cur)
+            pairs.append(PreferencePair(
+                prompts=list(agent_prompts),
+                winner_completions=list(win[0]),
+                loser_completions=list(lose[0]),
+                winner_reward=win[1],
+                loser_reward=lose[1],
+                candidate_reward_mean=mean,
+                raw_rewards=[win[2], lose[2]],
+                target_raw_reward=c_raw[j],
+                comparator_raw_reward=p_raw[j],
+            ))
+    return pairs, stats

@@ -36,6 +36,7 @@ def _cache_dir(tmp_path_factory):
 def cpu_trainer_kwargs(**overrides):
     """Quiet single-device CPU trainer settings for tests."""
     kwargs = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                  enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+                  enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                  log_every_n_steps=1)
     kwargs.update(overrides)
     return kwargs

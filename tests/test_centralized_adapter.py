@@ -194,7 +194,7 @@ tag_soup = st.lists(
 ).map("".join)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, database=None)
 @given(text=st.one_of(st.text(), tag_soup, st.binary()), num_agents=st.integers(1, 5))
 def test_parser_never_crashes(text, num_agents):
     try:
@@ -209,7 +209,7 @@ def test_parser_never_crashes(text, num_agents):
 role_text = st.one_of(st.text(), tag_soup)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, database=None)
 @given(texts=st.lists(role_text, min_size=1, max_size=5))
 def test_builder_format_round_trips(texts):
     assume(not any(TAG.search(t) for t in texts))
@@ -220,7 +220,7 @@ def test_builder_format_round_trips(texts):
     assert ADAPTER.format_completion(["..."] * len(texts)) in prompt
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, database=None)
 @given(texts=st.lists(role_text, min_size=2, max_size=4), extra=st.text(max_size=20))
 def test_round_trip_survives_surrounding_chatter_and_case(texts, extra):
     assume(not any(TAG.search(t) for t in texts) and not TAG.search(extra))

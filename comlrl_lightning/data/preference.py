@@ -114,7 +114,7 @@ class PreferenceDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         epoch = self.trainer.current_epoch if self.trainer is not None else 0
         g = torch.Generator().manual_seed(int(self.seed) * 100_003 + int(epoch))
-        return DataLoader(_PairList(self.pairs), batch_size=self.batch_size, shuffle=True, generator=g,
+        return DataLoader(_PairList(self.pairs), batch_size=self.batch_size, shuffle=bool(self.pairs), generator=g,
                           collate_fn=self.collate, num_workers=0)
 
     def state_dict(self) -> dict[str, Any]:

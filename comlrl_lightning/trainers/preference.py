@@ -63,7 +63,8 @@ class MADPOTrainer:
         self.collection = PreferenceCollection()
         self.evaluation = TaskRewardEvaluation()
         kwargs = dict(accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
-                      max_epochs=self.args.num_train_epochs, num_sanity_val_steps=0)
+                      max_epochs=self.args.num_train_epochs, num_sanity_val_steps=0,
+                      log_every_n_steps=1)
         kwargs.update(trainer_kwargs or {})
         self.trainer = L.Trainer(callbacks=[self.collection, self.evaluation, *callbacks], **kwargs)
 

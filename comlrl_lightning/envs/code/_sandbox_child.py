@@ -38,7 +38,8 @@ PRELOAD = (
     "array copy fractions decimal statistics random numbers typing dataclasses enum datetime "
     "calendar time hashlib textwrap unicodedata json struct io abc contextlib keyword "
     "reprlib traceback types weakref difflib pprint locale codecs base64 binascii zlib "
-    "_strptime encodings.idna"
+    "_strptime encodings.idna socket select selectors threading subprocess queue signal shlex "
+    "glob fnmatch tempfile shutil pathlib inspect ast dis csv sqlite3 uuid"
 ).split()
 
 MAX_MESSAGE = 400
@@ -117,6 +118,26 @@ def _make_sender(fd, nonce, owner_pid):
     return send
 
 
+def _stdlib_world_readable():
+    """True when an unprivileged uid can import from the stdlib (no need to preload modules)."""
+    import stat
+
+    for directory in {os.path.dirname(os.__file__), os.path.dirname(json.__file__)}:
+        path = os.path.realpath(directory)
+        while True:
+            try:
+                mode = os.stat(path).st_mode
+            except OSError:
+                return False
+            if not (mode & stat.S_IXOTH and mode & stat.S_IROTH):
+                return False
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
+    return True
+
+
 def _set_limit(kind, value):
     try:
         resource.setrlimit(kind, (value, value))
@@ -169,9 +190,13 @@ def _block_network():
 
 def _exec_timed(source, filename, env, timeout_s):
     """Run `source` in `env` under an alarm. Returns None on success, else (etype, msg, timed_out)."""
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
-        exec(compile(source, filename, "exec"), env)
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        try:
+            exec(compile(source, filename, "exec"), env)
+        finally:
+            # Disarm before any handler below runs: an alarm inside a handler would escape it.
+            signal.setitimer(signal.ITIMER_REAL, 0)
     except TimeoutException:
         return "TimeoutException", f"timed out after {timeout_s:g} s", True
     except SystemExit as exc:
@@ -179,8 +204,6 @@ def _exec_timed(source, filename, env, timeout_s):
     except BaseException as exc:
         etype, msg = _describe(exc)
         return etype, msg, False
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
     return None
 
 
@@ -210,31 +233,55 @@ def _case_source(src):
     )
 
 
-def _reap_namespace(in_pidns):
-    """As pid 1 of a private pid namespace: kill whatever the last case left running."""
-    if not in_pidns:
-        return
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except OSError:
-        pass
-    deadline = time.monotonic() + 2.0
+def _children_of(my_pid):
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+            if int(stat[stat.rindex(")") + 2:].split()[1]) == my_pid:
+                children.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return children
+
+
+def _kill_children(in_pidns, budget_s=5.0):
+    """Kill everything the code under test started, and reap it.
+
+    As pid 1 of a private pid namespace, kill(-1) reaches every other process in it. Otherwise we
+    are a child subreaper: descendants whose parents die are re-parented to us, so killing our
+    children round after round reaches all of them, including those that called setsid().
+    """
+    deadline = time.monotonic() + budget_s
     while time.monotonic() < deadline:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
-        if pid == 0:
-            time.sleep(0.001)
+            return  # no children left, alive or zombie
+        if pid:
+            continue
+        try:
+            if in_pidns:
+                os.kill(-1, signal.SIGKILL)
+            else:
+                for child in _children_of(os.getpid()):
+                    os.kill(child, signal.SIGKILL)
+        except OSError:
+            pass
+        time.sleep(0.001)
 
 
 def worker(job, send, info, libc):
+    os.setpgid(0, 0)  # own process group, killed as a whole by the supervisor at the end
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.close(devnull)
 
     drop_to = job["drop_to"]  # (uid, gid) when started as root, else None
-    if drop_to is not None:
+    if drop_to is not None and not _stdlib_world_readable():
         for name in PRELOAD:
             try:
                 __import__(name)
@@ -277,6 +324,7 @@ def worker(job, send, info, libc):
     if libc is not None:
         libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid: setuid clears it
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     libc = None
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writing past RLIMIT_FSIZE -> OSError, not death
     signal.signal(signal.SIGALRM, _on_alarm)
@@ -288,6 +336,7 @@ def worker(job, send, info, libc):
     code, setup = job["code"], job["setup"]
     timeouts_left = job["timeouts_left"]
     in_pidns = info["pidns"] and os.getpid() == 1
+    info = None
     del job
     sink_limit = 1 << 16
     sys.stdout = _CappedSink(sink_limit)
@@ -300,10 +349,10 @@ def worker(job, send, info, libc):
             continue
         failure = _exec_timed(source, filename, env, timeout_s)
         if failure is not None:
-            _reap_namespace(in_pidns)
+            _kill_children(in_pidns)
             send({"t": "code_error", "etype": failure[0], "msg": failure[1], "where": filename})
             os._exit(0)
-    _reap_namespace(in_pidns)
+    _kill_children(in_pidns)
     send({"t": "ready"})
 
     for index, src in cases:
@@ -315,7 +364,7 @@ def worker(job, send, info, libc):
         start = time.perf_counter()
         failure = _exec_timed(_case_source(src), f"<test {index}>", env, timeout_s)
         elapsed = time.perf_counter() - start
-        _reap_namespace(in_pidns)
+        _kill_children(in_pidns)
         if failure is None:
             send({"t": "result", "i": index, "ok": True, "dt": elapsed})
         else:
@@ -325,35 +374,6 @@ def worker(job, send, info, libc):
                   "timeout": timed_out, "dt": elapsed})
     send({"t": "done"})
     os._exit(0)
-
-
-def _kill_descendants(my_pid):
-    """Subreaper cleanup without a pid namespace: kill every process re-parented to us."""
-    for _ in range(1000):
-        children = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    stat = fh.read()
-                ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == my_pid:
-                children.append(int(entry))
-        if not children:
-            return
-        for pid in children:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        for pid in children:
-            try:
-                os.waitpid(pid, 0)
-            except OSError:
-                pass
 
 
 def main():
@@ -392,16 +412,26 @@ def main():
         os._exit(0)
 
     del job
-    signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(pid, signal.SIGKILL))
+    reaped = False
+
+    def on_term(signum, frame):  # the parent aborts: kill the worker (never a reaped, reusable pid)
+        if not reaped:
+            os.kill(pid, signal.SIGKILL)
+
+    signal.signal(signal.SIGTERM, on_term)
     while True:
         try:
-            _, status = os.waitpid(pid, 0)
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
             break
         except ChildProcessError:
-            status = 0
             break
-    if not info["pidns"]:
-        _kill_descendants(os.getpid())
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the worker's group, while its zombie still holds the pgid
+    except OSError:
+        pass
+    _, status = os.waitpid(pid, 0)
+    reaped = True
+    _kill_children(in_pidns=False)  # anything that left the group (setsid) was re-parented to us
     record = {"t": "exit"}
     if os.WIFSIGNALED(status):
         record["signal"] = os.WTERMSIG(status)

@@ -311,7 +311,7 @@ def _run_child(
             if proc.poll() is None:
                 try:
                     proc.send_signal(signal.SIGTERM)  # supervisor kills its worker, then exits
-                    proc.wait(timeout=2.0)
+                    proc.wait(timeout=5.0)
                 except (subprocess.TimeoutExpired, ProcessLookupError):
                     pass
             _kill_group(proc)
@@ -334,6 +334,8 @@ def _collect(proc, read_fd, nonce, cases, timeout_s, outcome: _Outcome) -> None:
     while exit_record is None:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
+            if phase == "end":
+                return  # everything was reported; the child is slow to exit and gets killed
             if phase == "start":
                 outcome.crash = ("SandboxError", "sandbox did not start in time", False)
             else:
@@ -379,7 +381,10 @@ def _collect(proc, read_fd, nonce, cases, timeout_s, outcome: _Outcome) -> None:
                 outcome.finished = True
                 phase, deadline = "end", now + _STARTUP_S
             elif kind == "fatal":
-                raise SandboxError(f"sandbox setup failed: {record.get('etype')}: {record.get('msg')}")
+                if outcome.info is None:
+                    raise SandboxError(f"sandbox setup failed: {record.get('etype')}: {record.get('msg')}")
+                outcome.crash = (record.get("etype", "SandboxCrash"), record.get("msg", ""), False)
+                return
             elif kind == "exit":
                 exit_record = record
         if len(buffer) > _MAX_RECORD:
@@ -451,7 +456,7 @@ def run_cases(
             timeouts += result.timed_out
         if outcome.code_error is not None:
             fail_all(*outcome.code_error)
-        elif outcome.crash is not None:
+        elif outcome.crash is not None and pending:
             etype, msg, timed_out = outcome.crash
             if not outcome.info:  # never got going: not the code's fault
                 raise SandboxError(msg)
@@ -461,7 +466,7 @@ def run_cases(
                 i = pending.pop(0)
                 results[i] = TestResult(i, cases[i], False, etype, msg, timed_out=timed_out)
                 timeouts += timed_out
-        elif not outcome.finished:
+        elif not outcome.finished and pending:
             raise SandboxError("sandbox child stopped without reporting")
         # finished with cases pending: the child hit the timeout cap; the loop marks them skipped
     return [r for r in results if r is not None]
