@@ -1,7 +1,12 @@
 """Lightning callbacks of comlrl-lightning, importable as ``comlrl_lightning.callbacks``."""
 
+from comlrl_lightning.callbacks.comparator_refresh import ComparatorRefresh
 from comlrl_lightning.callbacks.evaluation import TaskRewardEvaluation
 from comlrl_lightning.callbacks.export import ExportAgents
+from comlrl_lightning.callbacks.history_checkpoint import HistoryCheckpoint
+from comlrl_lightning.callbacks.iterative_collection import IterativePreferenceCollection
 from comlrl_lightning.callbacks.preference_collection import PreferenceCollection
+from comlrl_lightning.callbacks.replay_selection import ReplaySelection
 
-__all__ = ["ExportAgents", "PreferenceCollection", "TaskRewardEvaluation"]
+__all__ = ["ComparatorRefresh", "ExportAgents", "HistoryCheckpoint", "IterativePreferenceCollection",
+           "PreferenceCollection", "ReplaySelection", "TaskRewardEvaluation"]

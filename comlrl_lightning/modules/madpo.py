@@ -82,6 +82,12 @@ class MADPOModule(L.LightningModule):
         for m in self.team.unique_models():
             m.train()
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+        # A round without training pairs serves one placeholder batch (an empty dataloader would end fit).
+        if isinstance(batch, dict) and batch.get("empty_round"):
+            return -1
+        return None
+
     # --- optimization ------------------------------------------------------------------------------------
     def configure_optimizers(self):
         optimizers, schedulers = [], []
@@ -195,6 +201,9 @@ class MADPOModule(L.LightningModule):
             metrics[f"train/agent{i}/logps/rejected"] = stats["rejected_logps"][i]
         self.log_dict(metrics, batch_size=bsz, on_step=True, on_epoch=False)
         self.log("loss", loss.detach(), prog_bar=True, batch_size=bsz, logger=False)
+        pairs = getattr(getattr(self.trainer, "datamodule", None), "pairs", None)
+        if pairs is not None:
+            self.log("pairs", float(len(pairs)), prog_bar=True, batch_size=bsz, logger=False)
 
     # --- checkpoint ----------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

@@ -26,7 +26,9 @@ one task dict per completion (``prompt``, ``test``, ``entry_point``), or a singl
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from comlrl_lightning.envs.code.analysis import CodeAnalysis, analyze
@@ -118,8 +120,6 @@ def code_rewards(
     **sandbox_options,
 ) -> list[RewardBreakdown]:
     """Breakdowns for aligned lists of completions and task items (sandboxes run in parallel)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     if len(aux_completions) != len(main_completions):
         raise ValueError(
             f"got {len(aux_completions)} aux completions but {len(main_completions)} main completions"
@@ -143,8 +143,6 @@ def code_rewards(
         code, cases, setup = job
         return run_cases(code, cases, setup=setup, timeout_s=timeout_s, max_timeouts=max_timeouts,
                          **sandbox_options)
-
-    import os
 
     workers = max_workers or min(8, os.cpu_count() or 1)
     if workers <= 1 or sum(j is not None for j in jobs) <= 1:
@@ -171,7 +169,7 @@ def make_code_reward_func(
         )
         return [b.total for b in breakdowns]
 
-    reward_func.reward_range = (IGNORED_AUX + AUX_DEFINED, MAX_REWARD)
+    reward_func.reward_range = (0.0, MAX_REWARD)
     return reward_func
 
 

@@ -1,0 +1,158 @@
+"""IterativePreferenceCollection: each round, current-vs-comparator pairs over the whole train set.
+
+Round 0 is collected in ``on_fit_start``, round t+1 in ``on_train_epoch_end`` of round t's last epoch; the
+pairs go to the data module's sink ``add_round(pairs)``. The comparator is any object with
+``sample(prompts, num_candidates, items) -> list[Samples]`` (see :mod:`comlrl_lightning.comparators.local`):
+the ``comparator`` argument, else ``pl_module.comparator``, else one built from ``pl_module.args`` (and
+attached as ``pl_module.comparator`` so that ComparatorRefresh finds the same one).
+
+Logs ``round/index``, ``round/num_pairs``, ``round/win_rate`` (share of the non-tied aligned comparisons the
+current agents won), ``round/tie_rate`` and ``round/candidate_reward_mean``.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
+
+from comlrl_lightning.callbacks.logging_utils import log_metrics
+from comlrl_lightning.callbacks.rounds import check_round_setup, next_round_at_epoch_end, require
+from comlrl_lightning.data.tasks import format_prompts
+from comlrl_lightning.generation import SamplingStream
+from comlrl_lightning.preferences import CollectionStats, build_iterative_pairs, sample_team
+from comlrl_lightning.replay import rng_from_plain, rng_state_to_plain
+
+
+def resolve_comparator(pl_module: L.LightningModule, given: Any, trainer: L.Trainer) -> Any:
+    """The run's comparator source: ``given``, or ``pl_module.comparator``, or one built from ``args``."""
+    src = given if given is not None else getattr(pl_module, "comparator", None)
+    if src is None:
+        from comlrl_lightning.comparators.local import build_comparator
+
+        src = build_comparator(pl_module.args, model_config=getattr(pl_module.hparams, "model_config", None))
+    if getattr(pl_module, "comparator", None) is None:
+        pl_module.comparator = src
+    if not callable(getattr(src, "sample", None)):
+        raise TypeError(f"The comparator must have sample(prompts, num_candidates, items); got {type(src).__name__}.")
+    if getattr(src, "pl_module", "unset") is None and hasattr(src, "setup"):
+        src.setup(trainer, pl_module)
+    return src
+
+
+class IterativePreferenceCollection(L.Callback):
+    """Collect one round of current-vs-comparator pairs at every round boundary.
+
+    Args:
+        comparator: a comparator source (None: ``pl_module.comparator`` or built from ``args``).
+        seed: seed of the agents' sampling streams (agent i: ``seed + 1000 * i``) and of random pair
+            selection; None = ``args.seed``.
+        chunk_size: task items generated together per agent.
+    """
+
+    round_stage = 2
+
+    def __init__(self, comparator: Any = None, seed: int | None = None, chunk_size: int = 16):
+        self.comparator = comparator
+        self.seed = seed
+        self.chunk_size = chunk_size
+        self.next_round = 0
+        self.streams: list[SamplingStream] | None = None
+        self.rng: random.Random | None = None
+        self.history: list[dict] = []
+        self._state: dict | None = None
+
+    @property
+    def state_key(self) -> str:
+        return "IterativePreferenceCollection"
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        check_round_setup(trainer, "IterativePreferenceCollection")
+        require(pl_module, ("team", "args", "sampling_settings"), "IterativePreferenceCollection", "module",
+                "MADPOModule with a MADPOIterConfig")
+        require(trainer.datamodule, ("train_items", "formatters", "oracle", "add_round"),
+                "IterativePreferenceCollection", "data module", "IterativePreferenceDataModule")
+        self.comparator = resolve_comparator(pl_module, self.comparator, trainer)
+        seed = pl_module.args.seed if self.seed is None else self.seed
+        if self.streams is None:
+            self.streams = [SamplingStream(seed + 1000 * i) for i in range(pl_module.team.num_agents)]
+            self.rng = random.Random(seed)
+        if self._state is not None:
+            self._apply(self._state)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.next_round == 0:  # a resumed run already holds its next round's pairs
+            self.collect(trainer, pl_module, 0)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pl_module.round_index = trainer.current_epoch // int(pl_module.args.num_train_epochs)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        nxt = next_round_at_epoch_end(trainer, pl_module)
+        if nxt is not None and nxt == self.next_round:
+            self.collect(trainer, pl_module, nxt)
+
+    def collect(self, trainer: L.Trainer, pl_module: L.LightningModule, round_index: int) -> list:
+        args = pl_module.args
+        dm = trainer.datamodule
+        team, settings = pl_module.team, pl_module.sampling_settings()
+        n = args.preference_num_candidates
+        m = getattr(args, "comparator_num_candidates", None) or n
+        items = list(dm.train_items)
+        pairs, total = [], CollectionStats()
+        for start in range(0, len(items), self.chunk_size):
+            chunk = items[start:start + self.chunk_size]
+            prompts = format_prompts(chunk, dm.formatters, offset=start)
+            current = sample_team(team, prompts, n, settings, self.streams)
+            comp = self.comparator.sample(prompts, m, chunk)
+            new, stats = build_iterative_pairs(chunk, prompts, current, comp, dm.oracle.score, args.pair_selection,
+                                               args.preference_pairs_per_sample, self.rng, item_offset=start)
+            pairs.extend(new)
+            for f in ("num_items", "num_candidates", "num_pairs", "num_ties", "reward_sum", "wins", "comparisons"):
+                setattr(total, f, getattr(total, f) + getattr(stats, f))
+        self.next_round = round_index + 1
+        dm.add_round(pairs)
+        decided = total.comparisons - total.num_ties
+        metrics = {
+            "round/index": round_index,
+            "round/num_pairs": total.num_pairs,
+            "round/win_rate": total.wins / decided if decided else 0.5,
+            "round/tie_rate": total.num_ties / total.comparisons if total.comparisons else 0.0,
+            "round/candidate_reward_mean": total.reward_mean,
+        }
+        self.history.append(metrics)
+        log_metrics(trainer, metrics)
+        rank_zero_info(f"Round {round_index}: {total.num_pairs} pairs from {total.num_items} items; win rate "
+                       f"{metrics['round/win_rate']:.3f}, tie rate {metrics['round/tie_rate']:.3f}, mean reward "
+                       f"{total.reward_mean:.4f}.")
+        return pairs
+
+    def state_dict(self) -> dict:
+        comp = self.comparator
+        return {
+            "next_round": self.next_round,
+            "streams": [s.generator.get_state().tolist() for s in self.streams or []],
+            "rng": rng_state_to_plain(self.rng) if self.rng is not None else None,
+            "comparator": comp.state_dict() if hasattr(comp, "state_dict") else None,
+            "history": [dict(h) for h in self.history],
+        }
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._state = state_dict
+        self.next_round = int(state_dict.get("next_round", 0))
+        if self.streams is not None:
+            self._apply(state_dict)
+
+    def _apply(self, state: dict) -> None:
+        import torch
+
+        for s, st in zip(self.streams, state.get("streams", [])):
+            s.generator.set_state(torch.tensor(st, dtype=torch.uint8))
+        if state.get("rng") is not None:
+            self.rng = rng_from_plain(state["rng"])
+        if state.get("comparator") is not None and hasattr(self.comparator, "load_state_dict"):
+            self.comparator.load_state_dict(state["comparator"])
+        self.history = [dict(h) for h in state.get("history", [])]
+        self._state = None

@@ -1,0 +1,404 @@
+"""Comparator sources for the iterative trainers (spec §5.1–5.3, §5.6; decisions 5 and 7).
+
+A comparator source answers ``sample(prompts, num_candidates, items) -> list[Samples]`` (one per agent,
+``prompts[a][k]`` = agent a's prompt for item k; only ``.texts`` is read by pairing). Local sources also
+take part in the round lifecycle: ``setup(trainer, pl_module)`` once, ``prepare(round_index)`` before a
+round's collection, ``release()`` once the round's pairs exist, and ``state_dict()`` / ``load_state_dict``
+(plain types) for their sampling streams.
+
+* ``current``: the live agents, sampled in the comparator's own seeded streams (one per agent), so its
+  samples differ from the agents' and the agents' streams are never advanced by it.
+* ``current_copy``: a frozen deep copy of the current weights on ``comparator_devices``, rebuilt per round,
+  only when those devices differ from the agents' (or ``always_copy=True``); otherwise the live agents.
+* ``model``: ``comparator_model_name`` (every role) or ``comparator_agents`` (per role), loaded once.
+* ``history``: the policy snapshot k rounds back (:func:`history_snapshot_dir`), loaded when it changes.
+* ``api``: an HTTP endpoint (:mod:`comlrl_lightning.comparators.api`), when that module is available.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from comlrl_lightning.agents import AgentTeam, build_agents, load_tokenizer
+from comlrl_lightning.generation import Samples, SamplingStream
+from comlrl_lightning.preferences import sample_team
+
+__all__ = [
+    "APIComparator",
+    "ComparatorSource",
+    "CurrentComparator",
+    "CurrentCopyComparator",
+    "HistoryComparator",
+    "ModelComparator",
+    "build_comparator",
+    "comparator_seed",
+    "history_snapshot_dir",
+]
+
+
+@runtime_checkable
+class ComparatorSource(Protocol):
+    """What the collection callback needs from a comparator."""
+
+    def sample(self, prompts: Sequence[Sequence[str]], num_candidates: int,
+               items: Sequence[dict] | None = None) -> list[Samples]: ...
+
+
+def comparator_seed(seed: int) -> int:
+    """Spec §5.2: the comparator stream seed is ``-seed`` (1 when ``seed`` is 0)."""
+    return -int(seed) if seed else 1
+
+
+def _stream_state(stream: SamplingStream) -> list[int]:
+    return stream.generator.get_state().tolist()
+
+
+def _set_stream_state(stream: SamplingStream, state: Sequence[int]) -> None:
+    stream.generator.set_state(torch.tensor(list(state), dtype=torch.uint8))
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
+
+
+def resolve_devices(spec: Any, num_agents: int, default: Sequence[torch.device]) -> list[torch.device]:
+    """``comparator_devices``: None (= ``default``, the agents' devices), one device, or one per agent."""
+    if spec is None:
+        return list(default)
+    if isinstance(spec, (str, torch.device)):
+        return [torch.device(spec)] * num_agents
+    spec = list(spec)
+    if len(spec) == 1:
+        return [torch.device(spec[0])] * num_agents
+    if len(spec) != num_agents:
+        raise ValueError(f"comparator_devices must be one device or one per agent ({num_agents}); got {spec!r}.")
+    return [torch.device(d) for d in spec]
+
+
+def _freeze(team: AgentTeam, devices: Sequence[torch.device]) -> AgentTeam:
+    moved: dict[int, torch.nn.Module] = {}
+    for m, d in zip(team.models, devices):
+        if id(m) not in moved:
+            m.to(d)
+            m.eval()
+            m.requires_grad_(False)
+            moved[id(m)] = m
+    return team
+
+
+class LocalComparator:
+    """Base of the local sources: per-agent comparator streams and the learner's sampling settings.
+
+    Args:
+        seed: base seed of the comparator streams (None: ``comparator_seed(args.seed)``); agent i's stream
+            is seeded with ``base + 1_000_003 * i``.
+    """
+
+    policy = "local"
+
+    def __init__(self, seed: int | None = None):
+        self.seed = seed
+        self.streams: list[SamplingStream] | None = None
+        self._pending_state: dict | None = None
+        self.pl_module: Any = None
+
+    def setup(self, trainer: Any, pl_module: Any) -> None:
+        self.pl_module = pl_module
+        if self.streams is None:
+            base = comparator_seed(pl_module.args.seed) if self.seed is None else int(self.seed)
+            self.streams = [SamplingStream(base + 1_000_003 * i) for i in range(pl_module.team.num_agents)]
+        if self._pending_state is not None:
+            self.load_state_dict(self._pending_state)
+
+    def prepare(self, round_index: int) -> None:
+        """Make the comparator ready for round ``round_index`` (default: nothing to do)."""
+
+    def release(self) -> None:
+        """Free what ``prepare`` built (default: nothing)."""
+
+    def team(self) -> AgentTeam:
+        return self.pl_module.team
+
+    def sample(self, prompts: Sequence[Sequence[str]], num_candidates: int,
+               items: Sequence[dict] | None = None) -> list[Samples]:
+        if self.streams is None:
+            raise RuntimeError(f"{type(self).__name__}.setup(trainer, pl_module) must run before sampling.")
+        return sample_team(self.team(), prompts, num_candidates, self.pl_module.sampling_settings(), self.streams)
+
+    def state_dict(self) -> dict:
+        return {"policy": self.policy, "streams": [_stream_state(s) for s in self.streams or []]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.streams is None:  # restored before setup: apply once the streams exist
+            self._pending_state = state
+            return
+        saved = state.get("streams", [])
+        if len(saved) != len(self.streams):
+            raise ValueError(f"comparator state has {len(saved)} streams; this run has {len(self.streams)} agents.")
+        for s, st in zip(self.streams, saved):
+            _set_stream_state(s, st)
+        self._pending_state = None
+
+
+class CurrentComparator(LocalComparator):
+    """The live agents in the comparator's own streams (``comparator_policy='current'``)."""
+
+    policy = "current"
+
+
+class CurrentCopyComparator(LocalComparator):
+    """A frozen copy of the current agents on ``devices`` for one collection phase (``current_copy``).
+
+    The copy is made in :meth:`prepare` and dropped in :meth:`release`. When the comparator devices equal
+    the agents' devices no copy is made and the live agents are used (like ``current``), unless
+    ``always_copy`` is set.
+    """
+
+    policy = "current_copy"
+
+    def __init__(self, devices: Any = None, always_copy: bool = False, seed: int | None = None):
+        super().__init__(seed)
+        self.devices = devices
+        self.always_copy = always_copy
+        self.copy: AgentTeam | None = None
+
+    def prepare(self, round_index: int) -> None:
+        live = self.pl_module.team
+        agent_devices = [_device_of(m) for m in live.models]
+        devices = resolve_devices(self.devices, live.num_agents, agent_devices)
+        self.release()
+        if devices == agent_devices and not self.always_copy:
+            return
+        copies: dict[int, torch.nn.Module] = {}
+        for m in live.models:
+            if id(m) not in copies:
+                copies[id(m)] = copy.deepcopy(m)
+        team = AgentTeam([copies[id(m)] for m in live.models], live.tokenizers, list(live.adapters), list(live.names))
+        self.copy = _freeze(team, devices)
+
+    def release(self) -> None:
+        self.copy = None
+
+    def team(self) -> AgentTeam:
+        if self.copy is None and self.always_copy:  # called mid-round without a prepared copy
+            self.prepare(-1)
+        return self.copy if self.copy is not None else self.pl_module.team
+
+
+class ModelComparator(LocalComparator):
+    """Fixed comparator models (``comparator_policy='model'``), loaded once and kept for the run.
+
+    Args:
+        sources: one id/path/model object per agent (``comparator_agents``), or one for every role
+            (``comparator_model_name``).
+        tokenizer: tokenizer(s) for model objects (default: the agents' tokenizers).
+        model_config: ``from_pretrained`` kwargs.
+        devices: ``comparator_devices`` (default: the agents' devices).
+    """
+
+    policy = "model"
+
+    def __init__(self, sources: Any, tokenizer: Any = None, model_config: dict | None = None, devices: Any = None,
+                 seed: int | None = None):
+        super().__init__(seed)
+        self.sources = sources
+        self.tokenizer = tokenizer
+        self.model_config = model_config
+        self.devices = devices
+        self.loaded: AgentTeam | None = None
+
+    def prepare(self, round_index: int) -> None:
+        if self.loaded is not None:
+            return
+        live = self.pl_module.team
+        n = live.num_agents
+        sources = [self.sources] * n if isinstance(self.sources, (str, torch.nn.Module)) else list(self.sources)
+        if len(sources) != n:
+            raise ValueError(f"comparator_agents has {len(sources)} entries; the run has {n} agents.")
+        tok = self.tokenizer
+        if tok is None and not all(isinstance(s, str) for s in sources):
+            tok = list(live.tokenizers)
+        team = build_agents(agents=sources, num_agents=n, tokenizer=tok, model_config=self.model_config)
+        self.loaded = _freeze(team, resolve_devices(self.devices, n, [_device_of(m) for m in live.models]))
+
+    def team(self) -> AgentTeam:
+        if self.loaded is None:
+            self.prepare(-1)
+        return self.loaded
+
+
+def history_snapshot_dir(root: str | Path, round_index: int, k: int, num_agents: int) -> Path:
+    """The snapshot that round ``round_index`` compares against (decision 5, spec §5.3 with the fix).
+
+    ``iteration_{s:04d}`` is the policy after round s, i.e. at the start of round s + 1. Round t uses the
+    policy as it was k rounds ago, at the start of round t - k: snapshot ``s = t - k - 1``, or the newest
+    complete earlier one; ``initial`` when t - k <= 0 or nothing complete exists. So k=1 is the policy
+    at the start of the previous round (one round behind), never the current weights.
+    """
+    root = Path(root)
+    for s in range(round_index - k - 1, -1, -1):
+        d = root / f"iteration_{s:04d}"
+        if all((d / f"agent_{i}").is_dir() for i in range(num_agents)):
+            return d
+    return root / "initial"
+
+
+def load_snapshot(directory: Path, num_agents: int, model_config: dict | None = None) -> AgentTeam:
+    """Load ``directory/agent_{i}`` (full model, or a LoRA adapter on its base) as an :class:`AgentTeam`."""
+    missing = [str(directory / f"agent_{i}") for i in range(num_agents) if not (directory / f"agent_{i}").is_dir()]
+    if missing:
+        raise FileNotFoundError(f"Missing comparator history checkpoint agent directories: {missing}.")
+    models, toks = [], []
+    for i in range(num_agents):
+        d = directory / f"agent_{i}"
+        if (d / "adapter_config.json").is_file():
+            from peft import AutoPeftModelForCausalLM
+
+            models.append(AutoPeftModelForCausalLM.from_pretrained(str(d)))
+        else:
+            from comlrl_lightning.agents import load_model
+
+            models.append(load_model(str(d), model_config))
+        toks.append(load_tokenizer(str(d)))
+    return AgentTeam(models, toks, names=[str(directory / f"agent_{i}") for i in range(num_agents)])
+
+
+class HistoryComparator(LocalComparator):
+    """The policy k rounds back, from the snapshots HistoryCheckpoint writes (``comparator_policy='history'``).
+
+    Args:
+        root: the snapshot folder (``policy_checkpoint_dir``; default ``<default_root_dir>/policy_checkpoints``).
+        k: look-back in rounds (``comparator_history_k``, default 1).
+        devices: ``comparator_devices`` (default: the agents' devices).
+    """
+
+    policy = "history"
+
+    def __init__(self, root: str | None = None, k: int | None = None, devices: Any = None,
+                 model_config: dict | None = None, seed: int | None = None):
+        super().__init__(seed)
+        self.root = root
+        self.k = k
+        self.devices = devices
+        self.model_config = model_config
+        self.loaded: AgentTeam | None = None
+        self.loaded_from: Path | None = None
+        self.round_index = 0
+
+    def setup(self, trainer: Any, pl_module: Any) -> None:
+        super().setup(trainer, pl_module)
+        from comlrl_lightning.callbacks.rounds import output_dir
+
+        args = pl_module.args
+        self.root = str(output_dir(trainer, self.root or getattr(args, "policy_checkpoint_dir", None),
+                                   "policy_checkpoints"))
+        if self.k is None:
+            self.k = getattr(args, "comparator_history_k", None) or 1
+
+    def prepare(self, round_index: int) -> None:
+        self.round_index = round_index
+        n = self.pl_module.team.num_agents
+        target = history_snapshot_dir(self.root, round_index, self.k, n)
+        if self.loaded is not None and target == self.loaded_from:
+            return
+        team = load_snapshot(target, n, self.model_config)
+        devices = resolve_devices(self.devices, n, [_device_of(m) for m in self.pl_module.team.models])
+        self.loaded, self.loaded_from = _freeze(team, devices), target
+
+    def release(self) -> None:
+        self.loaded = None
+        self.loaded_from = None
+
+    def team(self) -> AgentTeam:
+        if self.loaded is None:
+            self.prepare(self.round_index)
+        return self.loaded
+
+
+class APIComparator:
+    """Adapter from :class:`comlrl_lightning.comparators.api.APIComparatorClient` to the source protocol."""
+
+    policy = "api"
+
+    def __init__(self, client: Any, request_cls: Any):
+        self.client = client
+        self.request_cls = request_cls
+        self.pl_module: Any = None
+
+    def setup(self, trainer: Any, pl_module: Any) -> None:
+        self.pl_module = pl_module
+
+    def sample(self, prompts: Sequence[Sequence[str]], num_candidates: int,
+               items: Sequence[dict] | None = None) -> list[Samples]:
+        s = self.pl_module.sampling_settings()
+        num_items = len(prompts[0])
+        items = list(items) if items is not None else [{} for _ in range(num_items)]
+        out = []
+        for a, agent_prompts in enumerate(prompts):
+            reqs = [self.request_cls(prompt=p, agent_index=a, item=items[k], num_candidates=num_candidates,
+                                     max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                                     top_k=s.top_k) for k, p in enumerate(agent_prompts)]
+            texts = self.client.generate(reqs)
+            for k, t in enumerate(texts):
+                if not t:
+                    raise ValueError(f"Comparator API returned no completions for agent {a} (task item {k}).")
+            out.append(Samples(prompt_ids=[[] for _ in texts], completion_ids=[[[] for _ in t] for t in texts],
+                               texts=[list(t) for t in texts]))
+        return out
+
+    def prepare(self, round_index: int) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {"policy": self.policy}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def _api_comparator(cfg: Any) -> APIComparator:
+    try:
+        api = importlib.import_module("comlrl_lightning.comparators.api")
+    except ImportError as exc:
+        raise ValueError(f"comparator_policy='api' is not available: comlrl_lightning.comparators.api cannot be "
+                         f"imported ({exc}). Use current, current_copy, model or history.") from exc
+    client_cls = getattr(api, "APIComparatorClient", None)
+    request_cls = getattr(api, "CompletionRequest", None)
+    if client_cls is None or request_cls is None or not hasattr(client_cls, "from_config") \
+            or not hasattr(client_cls, "generate"):
+        raise ValueError("comparator_policy='api' is not available: comlrl_lightning.comparators.api has no "
+                         "APIComparatorClient with from_config/generate. Use current, current_copy, model or history.")
+    return APIComparator(client_cls.from_config(cfg), request_cls)
+
+
+def build_comparator(cfg: Any, model_config: dict | None = None) -> Any:
+    """The comparator source for an iterative config (``comparator_policy`` and its options)."""
+    policy = cfg.comparator_policy
+    if getattr(cfg, "comparator_generation_mode", "decentralized") != "decentralized" and policy != "api":
+        raise ValueError("comparator_generation_mode='centralized' is not supported by the iterative trainers "
+                         "yet; use comparator_generation_mode='decentralized'.")
+    if policy == "current":
+        return CurrentComparator()
+    if policy == "current_copy":
+        return CurrentCopyComparator(devices=cfg.comparator_devices)
+    if policy == "model":
+        sources = cfg.comparator_agents if cfg.comparator_agents is not None else cfg.comparator_model_name
+        return ModelComparator(sources, model_config=model_config, devices=cfg.comparator_devices)
+    if policy == "history":
+        return HistoryComparator(cfg.policy_checkpoint_dir, cfg.comparator_history_k, devices=cfg.comparator_devices,
+                                 model_config=model_config)
+    if policy == "api":
+        return _api_comparator(cfg)
+    raise ValueError(f"comparator_policy must be one of: current, current_copy, model, history, api. Got {policy!r}.")

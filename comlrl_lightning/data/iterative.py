@@ -1,0 +1,116 @@
+"""IterativePreferenceDataModule: round-refreshed pairs backed by the on-disk replay buffer (spec §3.7, §4).
+
+The pair sink ``add_round(pairs)`` receives each round's new current-vs-comparator pairs. Without a replay
+step they become the round's training pairs (mode ``current``). :meth:`commit_round` (called by the
+ReplaySelection callback) writes ``iteration_{I:04d}.json`` (I = round + 1) through a
+:class:`~comlrl_lightning.replay.ReplayStore` and replaces the training pairs with the replay selection.
+
+``state_dict`` holds the store's shard index and RNG plus the current selection (texts only; pairs are
+re-tokenized), so a run resumed from a round-boundary checkpoint trains on exactly the same pairs.
+A round without training pairs serves one placeholder batch ``{"empty_round": True}`` that
+:class:`~comlrl_lightning.modules.MADPOModule` skips: an empty dataloader would end ``Trainer.fit``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from comlrl_lightning.data.preference import PreferenceDataModule
+from comlrl_lightning.preferences import PreferencePair
+from comlrl_lightning.replay import ReplayStore
+
+
+class IterativePreferenceDataModule(PreferenceDataModule):
+    """:class:`PreferenceDataModule` plus the replay buffer of the iterative trainers.
+
+    Args:
+        replay_dir: folder of the round files (None: the module's ``args.preference_replay_dir``, else
+            ``<trainer.default_root_dir>/preference_replay``). Files of an earlier run in that folder are not
+            imported unless the run resumes from a checkpoint.
+        **kwargs: as :class:`PreferenceDataModule`.
+    """
+
+    def __init__(self, *args: Any, replay_dir: str | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.replay_dir = replay_dir
+        self.store: ReplayStore | None = None
+        self.new_pairs: list[PreferencePair] = []
+        self.pending_round: int | None = None
+        self.rounds_added = 0
+        self._pending_state: dict | None = None
+
+    # --- the pair sink --------------------------------------------------------------------------------
+    def add_round(self, pairs: Sequence[PreferencePair]) -> None:
+        """This round's new pairs; they are also the training pairs until :meth:`commit_round` replaces them."""
+        self.new_pairs = list(pairs)
+        self.pairs = list(pairs)
+        self.pending_round = self.rounds_added
+        self.rounds_added += 1
+
+    def commit_round(self, mode: str, sample_size: int | None = None, k: int | None = None,
+                     lam: float | None = None) -> dict[str, int]:
+        """Write the pending round's file and select its training pairs (spec §4.1). Returns counts."""
+        if self.pending_round is None:
+            raise RuntimeError("commit_round called without a pending round: call add_round(pairs) first.")
+        store = self._require_store()
+        iteration = self.pending_round + 1
+        records = [p.to_json() for p in self.new_pairs]
+        store.write_round(iteration, records)
+        if mode == "current":
+            self.pairs = list(self.new_pairs)
+        else:
+            chosen = store.select(mode, records, sample_size=sample_size, k=k, lam=lam)
+            self.pairs = [PreferencePair.from_json(r, self.num_agents) for r in chosen]
+        self.pending_round = None
+        return {"iteration": iteration, "num_pairs": len(records), "total_pairs": store.total_pairs,
+                "replay_size": len(self.pairs), "num_shards": len(store.shards)}
+
+    def _require_store(self) -> ReplayStore:
+        if self.store is None:
+            raise RuntimeError("IterativePreferenceDataModule.setup must run (inside a Trainer) before the replay "
+                               "buffer is used.")
+        return self.store
+
+    # --- Lightning ----------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if self.store is None and self.trainer is not None:
+            from comlrl_lightning.callbacks.rounds import output_dir
+
+            args = getattr(self.trainer.lightning_module, "args", None)
+            configured = self.replay_dir or getattr(args, "preference_replay_dir", None)
+            self.store = ReplayStore(output_dir(self.trainer, configured, "preference_replay"),
+                                     seed=int(getattr(args, "seed", self.seed)))
+        if self._pending_state is not None:
+            self.load_state_dict(self._pending_state)
+
+    def train_dataloader(self) -> DataLoader:
+        if not self.pairs:
+            return DataLoader([{"empty_round": True}], batch_size=None)
+        return super().train_dataloader()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "pairs": [p.to_json() for p in self.pairs],
+            "new_pairs": [p.to_json() for p in self.new_pairs],
+            "pending_round": self.pending_round,
+            "rounds_added": self.rounds_added,
+            "replay": self.store.state_dict() if self.store is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("replay") is not None and self.store is None:
+            self._pending_state = state  # applied in setup, once the replay folder is known
+            return
+        self._pending_state = None
+        self.pairs = [PreferencePair.from_json(r, self.num_agents) for r in state.get("pairs", [])]
+        self.new_pairs = [PreferencePair.from_json(r, self.num_agents) for r in state.get("new_pairs", [])]
+        self.pending_round = state.get("pending_round")
+        self.rounds_added = int(state.get("rounds_added", 0))
+        if state.get("replay") is not None:
+            self.store.load_state_dict(state["replay"])
+            for shard in self.store.shards:  # fail now, naming the file, rather than rounds later
+                self.store.load_shard(shard)

@@ -1,0 +1,110 @@
+"""MADPOIterTrainer: rounds of (collect current-vs-comparator pairs → replay → DPO epochs) as Lightning epochs.
+
+With ``E = num_train_epochs`` and ``T = num_iterations`` the Trainer runs ``T * E`` epochs with
+``reload_dataloaders_every_n_epochs=1``; the round-boundary callbacks (HistoryCheckpoint when snapshots are
+on, ComparatorRefresh, IterativePreferenceCollection, ReplaySelection) prepare each round's pairs before its
+first epoch. ``trainer.global_step`` counts every optimizer step of every agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lightning as L
+
+from comlrl_lightning.callbacks import (
+    ComparatorRefresh,
+    HistoryCheckpoint,
+    IterativePreferenceCollection,
+    ReplaySelection,
+    TaskRewardEvaluation,
+)
+from comlrl_lightning.comparators.local import build_comparator
+from comlrl_lightning.config import MADPOIterConfig
+from comlrl_lightning.data.iterative import IterativePreferenceDataModule
+from comlrl_lightning.modules.madpo import MADPOModule
+
+
+def round_callbacks(args: MADPOIterConfig, comparator: Any = None) -> list[L.Callback]:
+    """The round-boundary callbacks for ``args``, in the order they must run."""
+    cbs: list[L.Callback] = []
+    if args.policy_checkpoint_dir is not None or args.comparator_policy == "history":
+        cbs.append(HistoryCheckpoint())
+    cbs += [ComparatorRefresh(comparator), IterativePreferenceCollection(comparator), ReplaySelection()]
+    return cbs
+
+
+class MADPOIterTrainer:
+    """Iterative MADPO (spec §10): ``num_iterations`` rounds, each collecting pairs against a comparator.
+
+    Args mirror :class:`~comlrl_lightning.trainers.preference.MADPOTrainer`; ``args`` is a
+    :class:`~comlrl_lightning.config.MADPOIterConfig`. ``comparator`` overrides the source built from
+    ``args.comparator_policy``; ``evaluation=False`` drops the task-reward evaluation callback.
+    """
+
+    def __init__(
+        self,
+        agent_model: str | None = None,
+        agents: Sequence[Any] | None = None,
+        num_agents: int | None = None,
+        tokenizer: Any = None,
+        model_config: dict | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        reward_func: Callable | None = None,
+        reward_processor: Callable | None = None,
+        formatters: Any = None,
+        args: MADPOIterConfig | None = None,
+        lora: dict | None = None,
+        comparator: Any = None,
+        evaluation: bool = True,
+        callbacks: Sequence[L.Callback] = (),
+        trainer_kwargs: dict | None = None,
+    ):
+        if agent_model is None and agents is None:
+            raise ValueError("Either agent_model or agents must be provided.")
+        if not callable(reward_func):
+            raise ValueError(f"reward_func must be a callable; got {type(reward_func).__name__}.")
+        if train_dataset is None:
+            raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a local file).")
+        self.args = args if args is not None else MADPOIterConfig()
+        if not isinstance(self.args, MADPOIterConfig):
+            raise ValueError(f"MADPOIterTrainer needs a MADPOIterConfig; got {type(self.args).__name__}.")
+        if agents is not None and num_agents is None:
+            self.args.num_agents = len(agents)
+        elif num_agents is not None and num_agents != self.args.num_agents:
+            raise ValueError(f"num_agents ({num_agents}) must match args.num_agents ({self.args.num_agents}).")
+        self.module = MADPOModule(agent_model=agent_model, agents=agents, tokenizer=tokenizer,
+                                  model_config=model_config, lora=lora, args=self.args)
+        self.datamodule = IterativePreferenceDataModule(
+            train_dataset=train_dataset, eval_dataset=eval_dataset, reward_func=reward_func,
+            reward_processor=reward_processor, formatters=formatters, num_agents=self.args.num_agents,
+            seed=self.args.seed,
+        )
+        self.comparator = comparator if comparator is not None else build_comparator(self.args, model_config)
+        self.module.comparator = self.comparator
+        self.round_callbacks = round_callbacks(self.args, self.comparator)
+        extra = [TaskRewardEvaluation()] if evaluation else []
+        kwargs = dict(accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
+                      num_sanity_val_steps=0, max_epochs=self.args.num_iterations * self.args.num_train_epochs)
+        kwargs.update(trainer_kwargs or {})
+        kwargs["reload_dataloaders_every_n_epochs"] = 1
+        self.trainer = L.Trainer(callbacks=[*self.round_callbacks, *extra, *callbacks], **kwargs)
+
+    @property
+    def team(self):
+        return self.module.team
+
+    @property
+    def collection(self) -> IterativePreferenceCollection:
+        return next(cb for cb in self.round_callbacks if isinstance(cb, IterativePreferenceCollection))
+
+    def train(self, ckpt_path: str | None = None, **fit_kwargs: Any) -> dict:
+        """Run the rounds (resuming from ``ckpt_path`` if given); returns the final callback metrics."""
+        self.trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt_path, **fit_kwargs)
+        return {k: float(v) for k, v in self.trainer.callback_metrics.items()}
+
+    def save_model(self, output_dir: str) -> list[str]:
+        """Write ``output_dir/agent_{i}/`` for each agent (model + tokenizer, or the LoRA adapter)."""
+        return self.module.save_agents(output_dir)

@@ -1,0 +1,190 @@
+"""Batched sampling: shapes, one ``generate`` per chunk, seeded streams, global RNG untouched, trimming."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from comlrl_lightning.generation import SamplingSettings, SamplingStream, sample_completions
+
+PROMPTS = ["Topic: rivers.", "Topic: bread, cheese and apples.", "Topic: chess."]
+# Temperature 1, no top-k / top-p cut: every token stays possible, so different seeds differ.
+SETTINGS = SamplingSettings(max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=None)
+
+
+@pytest.fixture(scope="module")
+def model_and_tok(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+class GenerateSpy:
+    """Wraps ``model.generate``: records the inputs, kwargs, training flag and raw outputs of every call."""
+
+    def __init__(self, model):
+        self.model = model
+        self.inner = model.generate
+        self.calls: list[dict] = []
+
+    def __call__(self, **kwargs):
+        out = self.inner(**kwargs)
+        self.calls.append({"kwargs": kwargs, "training": self.model.training, "out": out.clone()})
+        return out
+
+
+def test_shapes_and_texts(model_and_tok):
+    model, tok = model_and_tok
+    s = sample_completions(model, tok, PROMPTS, 4, SETTINGS, SamplingStream(0))
+    assert s.prompt_ids == [tok(p)["input_ids"] for p in PROMPTS]
+    assert len(s.completion_ids) == len(s.texts) == 3
+    for ids_per_prompt, texts in zip(s.completion_ids, s.texts):
+        assert len(ids_per_prompt) == len(texts) == 4
+        for ids, text in zip(ids_per_prompt, texts):
+            assert len(ids) <= SETTINGS.max_new_tokens
+            assert tok.pad_token_id not in ids
+            assert text == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_one_generate_call_per_chunk(model_and_tok, monkeypatch):
+    model, tok = model_and_tok
+    spy = GenerateSpy(model)
+    monkeypatch.setattr(model, "generate", spy)
+
+    # 8 rows per chunk / 4 candidates = 2 prompts per chunk: 3 prompts -> 2 calls (2 prompts, then 1).
+    s = sample_completions(model, tok, PROMPTS, 4, SETTINGS, SamplingStream(0), max_batch_rows=8)
+    assert [c["kwargs"]["input_ids"].shape[0] for c in spy.calls] == [2, 1]
+    assert [c["out"].shape[0] for c in spy.calls] == [8, 4]
+    assert len(s.completion_ids) == 3
+    for call in spy.calls:
+        kw = call["kwargs"]
+        assert kw["do_sample"] is True and kw["num_beams"] == 1
+        assert kw["num_return_sequences"] == 4
+        assert kw["max_new_tokens"] == 6
+        assert kw["temperature"] == 1.0 and kw["top_p"] == 1.0
+        assert kw["top_k"] == 0  # None: no top-k filtering
+        assert kw["pad_token_id"] == tok.pad_token_id and kw["eos_token_id"] == tok.eos_token_id
+
+    # Default chunking: everything in one call.
+    spy.calls.clear()
+    sample_completions(model, tok, PROMPTS, 4, SETTINGS, SamplingStream(0))
+    assert len(spy.calls) == 1 and spy.calls[0]["kwargs"]["input_ids"].shape[0] == 3
+
+    spy.calls.clear()
+    sample_completions(model, tok, PROMPTS, 2, SamplingSettings(max_new_tokens=3, top_k=7), SamplingStream(0))
+    assert spy.calls[0]["kwargs"]["top_k"] == 7
+
+
+def test_completion_ids_follow_the_raw_rows(model_and_tok, monkeypatch):
+    """Each completion is the generated part of its row, cut before the first pad, in row order."""
+    model, tok = model_and_tok
+    spy = GenerateSpy(model)
+    monkeypatch.setattr(model, "generate", spy)
+    s = sample_completions(model, tok, PROMPTS, 3, SETTINGS, SamplingStream(5))
+    (call,) = spy.calls
+    width = call["kwargs"]["input_ids"].shape[1]
+    rows = call["out"][:, width:].tolist()
+    for p in range(3):
+        for c in range(3):
+            row = rows[p * 3 + c]
+            cut = row.index(tok.pad_token_id) if tok.pad_token_id in row else len(row)
+            assert s.completion_ids[p][c] == row[:cut]
+    # Prompts were left-padded for the batch (the shortest prompt's row starts with padding).
+    mask = call["kwargs"]["attention_mask"]
+    lengths = [len(ids) for ids in s.prompt_ids]
+    shortest = lengths.index(min(lengths))
+    assert mask[shortest, 0] == 0 and mask[shortest, -1] == 1
+
+
+def test_seeded_streams(model_and_tok):
+    model, tok = model_and_tok
+    a = sample_completions(model, tok, PROMPTS, 4, SETTINGS, SamplingStream(123))
+    b = sample_completions(model, tok, PROMPTS, 4, SETTINGS, SamplingStream(123))
+    c = sample_completions(model, tok, PROMPTS, 4, SETTINGS, SamplingStream(124))
+    assert a.completion_ids == b.completion_ids and a.texts == b.texts
+    assert a.completion_ids != c.completion_ids
+
+    # A stream advances: two calls on one stream differ; a saved state replays the second call.
+    stream = SamplingStream(9)
+    first = sample_completions(model, tok, PROMPTS, 4, SETTINGS, stream)
+    state = {k: v.clone() for k, v in stream.state_dict().items()}
+    second = sample_completions(model, tok, PROMPTS, 4, SETTINGS, stream)
+    assert first.completion_ids != second.completion_ids
+    replay = SamplingStream(0)
+    replay.load_state_dict(state)
+    assert sample_completions(model, tok, PROMPTS, 4, SETTINGS, replay).completion_ids == second.completion_ids
+
+
+def test_global_rng_untouched(model_and_tok):
+    model, tok = model_and_tok
+    torch.manual_seed(2024)
+    before = torch.get_rng_state().clone()
+    sample_completions(model, tok, PROMPTS, 4, SETTINGS, SamplingStream(1))
+    assert torch.equal(torch.get_rng_state(), before)
+    # The global stream also does not influence the samples.
+    torch.manual_seed(1)
+    x = sample_completions(model, tok, PROMPTS, 2, SETTINGS, SamplingStream(77))
+    torch.manual_seed(2)
+    y = sample_completions(model, tok, PROMPTS, 2, SETTINGS, SamplingStream(77))
+    assert x.completion_ids == y.completion_ids
+
+
+def test_mode_and_padding_side_restored(model_and_tok, monkeypatch):
+    model, tok = model_and_tok
+    spy = GenerateSpy(model)
+    monkeypatch.setattr(model, "generate", spy)
+    tok.padding_side = "right"
+    try:
+        for training in (True, False):
+            model.train(training)
+            sample_completions(model, tok, PROMPTS[:1], 2, SETTINGS, SamplingStream(0))
+            assert spy.calls[-1]["training"] is False  # sampled in eval mode
+            assert model.training is training
+            assert tok.padding_side == "right"
+    finally:
+        tok.padding_side = "left"
+        model.train()
+
+
+def test_bad_arguments(model_and_tok):
+    model, tok = model_and_tok
+    with pytest.raises(ValueError, match="num_candidates must be >= 1"):
+        sample_completions(model, tok, PROMPTS, 0, SETTINGS, SamplingStream(0))
+    with pytest.raises(ValueError, match="Prompt 1"):
+        sample_completions(model, tok, ["Topic: rivers.", ""], 2, SETTINGS, SamplingStream(0))
+
+
+# --- trimming on hand-made rows --------------------------------------------------------------------------------
+
+class ScriptedLM(nn.Module):
+    """A stand-in model whose ``generate`` returns fixed rows after the (padded) prompts."""
+
+    def __init__(self, rows: list[list[int]]):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1))
+        self.rows = rows
+
+    def generate(self, input_ids, attention_mask, num_return_sequences, **kwargs):
+        prompts = input_ids.repeat_interleave(num_return_sequences, dim=0)
+        return torch.cat([prompts, torch.tensor(self.rows)], dim=1)
+
+
+def test_trimming_rules(model_and_tok):
+    _, tok = model_and_tok
+    pad, eos = tok.pad_token_id, tok.eos_token_id
+    a, b, c = tok.convert_tokens_to_ids(["T", "o", "p"])
+    rows = [
+        [a, b, eos, pad, pad],  # EOS kept (pad != eos), padding dropped
+        [a, b, c, a, b],        # no pad: the whole row
+        [pad, a, b, pad, pad],  # pad first: empty completion
+        [c, pad, a, b, c],      # everything after the first pad is dropped
+    ]
+    s = sample_completions(ScriptedLM(rows), tok, ["Topic: rivers.", "Topic: chess."], 2, SETTINGS,
+                           SamplingStream(0))
+    assert s.completion_ids == [[[a, b, eos], [a, b, c, a, b]], [[], [c]]]
+    assert s.texts[0][0] == tok.decode([a, b], skip_special_tokens=False)  # the EOS is not in the text
+    assert s.texts[1][0] == ""
+    for ids_row, text_row in zip(s.completion_ids, s.texts):
+        for ids, text in zip(ids_row, text_row):
+            assert text == tok.decode(ids, skip_special_tokens=True)

@@ -1,0 +1,405 @@
+"""The sandbox: per-case results, timeouts, and containment of hostile programs.
+
+Every hostile program must end as a clear per-test failure while this (pytest) process lives on,
+and nothing it started may survive the call. Timeouts are short (0.5-1 s) to keep the file fast.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+
+import pytest
+
+from comlrl_lightning.envs.code.sandbox import (
+    TestResult,
+    extract_test_cases,
+    isolation_info,
+    isolation_level,
+    run_cases,
+    run_tests,
+    run_tests_many,
+)
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox needs Linux")
+
+ONE = "def check(candidate):\n    assert candidate() == 1\n"
+TWO = "def check(candidate):\n    assert candidate() == 1\n    assert candidate() != 2\n"
+FAST = {"timeout_s": 1.0, "memory_mb": 256, "max_file_mb": 4, "max_processes": 16}
+
+# Namespace-free fallback (socket-block) exercised too, where this machine offers namespaces.
+MODES = [pytest.param({}, id="default")]
+if sys.platform == "linux" and isolation_info()["netns"]:
+    MODES.append(pytest.param({"namespaces": False}, id="no-namespaces"))
+
+
+def sandbox_processes() -> list[int]:
+    """Pids of processes still running the sandbox bootstrap."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if b"_sandbox_child.py" in fh.read():
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def only(results: list[TestResult]) -> TestResult:
+    assert len(results) == 1
+    return results[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Extraction and plain results
+
+
+def test_extract_test_cases_splits_renames_and_dedupes():
+    test = (
+        "import math\n\nMETADATA = {}\n\n\ndef check(candidate):\n"
+        "    assert candidate(1) == 2\n"
+        "    assert candidate(1) == 2\n"
+        "    assert candidate(\n        [1, 2]\n    ) == 3\n"
+        "    x = 5\n"
+        "    assert x == 5\n"
+        "    assert abs(candidate(0.5) - 1.0) < 1e-6\n"
+    )
+    cases = extract_test_cases(test, "f")
+    assert cases == [
+        "assert f(1) == 2",
+        "assert f(\n        [1, 2]\n    ) == 3",
+        "assert abs(f(0.5) - 1.0) < 1e-6",
+    ]
+    # asserts only inside a loop: the whole check is kept as one case
+    loop = "def check(candidate):\n    for i in range(3):\n        assert candidate(i) == i\n"
+    assert extract_test_cases(loop, "g") == ["check(g)"]
+    # unparseable test code: the line rule of the spec
+    broken = "def check(candidate):\n    assert candidate(1) == 1\n    assert candidate(2 == 2\n"
+    assert extract_test_cases(broken, "h") == ["assert h(1) == 1", "assert h(2 == 2"]
+    assert extract_test_cases("", "f") == [] and extract_test_cases("x = 1", "f") == []
+
+
+def test_pass_fail_messages_and_order():
+    code = "def add(a, b):\n    return a + b\n"
+    test = (
+        "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(2, 2) == 5\n"
+        "    assert candidate('a', 1) == 'a1'\n    assert candidate(1, 1) > 5, 'too small'\n"
+    )
+    r = run_tests(code, test, "add", timeout_s=2.0)
+    assert [x.index for x in r] == [0, 1, 2, 3]
+    assert [x.passed for x in r] == [True, False, False, False]
+    assert (r[1].error_type, r[1].error_message) == ("AssertionError", "expected 5, got 4")
+    assert r[2].error_type == "TypeError"
+    assert (r[3].error_type, r[3].error_message) == ("AssertionError", "too small")
+    assert r[1].case == "assert add(2, 2) == 5" and not any(x.timed_out or x.skipped for x in r)
+
+
+def test_test_setup_and_math_are_available():
+    code = "def area(r):\n    return math.pi * r * r\n"
+    test = "TOL = 1e-9\n\n\ndef check(candidate):\n    assert abs(candidate(1) - math.pi) < TOL\n"
+    assert only(run_tests(code, test, "area", timeout_s=2.0)).passed
+
+
+def test_syntax_error_fails_every_case():
+    r = run_tests("def f(:\n    return 1\n", TWO, "f", **FAST)
+    assert len(r) == 2 and all(x.error_type == "SyntaxError" and not x.passed for x in r)
+
+
+def test_code_that_defines_nothing():
+    r = run_tests("x = 1\n", TWO, "f", **FAST)
+    assert [(x.passed, x.error_type) for x in r] == [(False, "NameError")] * 2
+
+
+def test_exception_while_loading_code_fails_every_case_with_it():
+    r = run_tests("raise ValueError('boom')\ndef f():\n    return 1\n", TWO, "f", **FAST)
+    assert [(x.error_type, x.error_message) for x in r] == [("ValueError", "boom")] * 2
+
+
+def test_empty_test_code_gives_no_results():
+    assert run_tests("def f():\n    return 1\n", "", "f") == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Timeouts
+
+
+def test_infinite_loop_times_out():
+    r = only(run_tests("def f():\n    while True:\n        pass\n", ONE, "f", **FAST))
+    assert (r.passed, r.timed_out, r.error_type) == (False, True, "TimeoutException")
+
+
+def test_loop_that_swallows_the_alarm_is_killed_and_remaining_cases_still_run():
+    code = (
+        "import signal\n"
+        "def f(x):\n"
+        "    if x == 0:\n"
+        "        signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+        "        while True:\n"
+        "            pass\n"
+        "    return x\n"
+    )
+    test = "def check(candidate):\n    assert candidate(0) == 0\n    assert candidate(1) == 1\n"
+    r = run_tests(code, test, "f", timeout_s=0.5)
+    assert r[0].timed_out and "killed" in r[0].error_message
+    assert r[1].passed  # ran in a fresh child
+
+
+def test_after_max_timeouts_remaining_cases_are_failed_without_running():
+    code = "def f(x):\n    if x < 2:\n        while True:\n            pass\n    return x\n"
+    test = "def check(candidate):\n" + "".join(f"    assert candidate({i}) == {i}\n" for i in range(5))
+    r = run_tests(code, test, "f", timeout_s=0.5, max_timeouts=2)
+    assert [x.timed_out for x in r] == [True, True, False, False, False]
+    assert [x.skipped for x in r] == [False, False, True, True, True]
+    assert not any(x.passed for x in r)  # cases 2-4 would pass but were never run
+    assert all(x.error_type == "TimeoutException" for x in r)
+
+
+def test_default_max_timeouts_is_three():
+    code = "def f(x):\n    while True:\n        pass\n"
+    test = "def check(candidate):\n" + "".join(f"    assert candidate({i}) == {i}\n" for i in range(4))
+    r = run_cases(code, extract_test_cases(test, "f"), timeout_s=0.3)
+    assert [x.timed_out for x in r] == [True, True, True, False] and r[3].skipped
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile programs
+
+
+def test_memory_hog_is_contained():
+    code = "def f():\n    blocks = []\n    while True:\n        blocks.append(bytearray(10**7))\n"
+    r = only(run_tests(code, ONE, "f", **{**FAST, "memory_mb": 128}))
+    assert not r.passed and r.error_type in {"MemoryError", "SandboxCrash"}
+
+
+def test_bounded_fork_loop_hits_the_process_limit():
+    # Verifies the process limit before any real fork bomb is attempted.
+    info = isolation_info()
+    if not info["nproc_enforced"]:
+        pytest.skip("RLIMIT_NPROC is not enforced for the sandboxed code here")
+    code = (
+        "import os, time\n"
+        "def f():\n"
+        "    for i in range(64):\n"
+        "        try:\n"
+        "            pid = os.fork()\n"
+        "        except OSError:\n"
+        "            return i\n"
+        "        if pid == 0:\n"
+        "            time.sleep(30)\n"
+        "            os._exit(0)\n"
+        "    return 64\n"
+    )
+    test = "def check(candidate):\n    assert candidate() == -1\n"
+    r = only(run_tests(code, test, "f", **{**FAST, "max_processes": 8}))
+    forks = int(re.search(r"got (\d+)", r.error_message).group(1))
+    assert forks < 8 and not sandbox_processes()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fork_bomb_is_contained(mode):
+    info = isolation_info()
+    if not info["nproc_enforced"]:
+        pytest.skip("RLIMIT_NPROC is not enforced for the sandboxed code here: a fork bomb is unsafe")
+    bomb = "import os\ndef f():\n    while True:\n        os.fork()\n"
+    r = run_tests(bomb, TWO, "f", **{**FAST, **mode})
+    assert len(r) == 2 and not any(x.passed for x in r)
+    stubborn = "import os\ndef f():\n    while True:\n        try:\n            os.fork()\n        except OSError:\n            pass\n"
+    r = only(run_tests(stubborn, ONE, "f", **{**FAST, **mode}))
+    assert not r.passed and r.timed_out
+    assert not sandbox_processes()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_daemonized_child_does_not_survive(mode):
+    code = (
+        "import os, time\n"
+        "def f():\n"
+        "    if os.fork() == 0:\n"
+        "        os.setsid()\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(60)\n"
+        "        os._exit(0)\n"
+        "    return 1\n"
+    )
+    r = only(run_tests(code, ONE, "f", **{**FAST, **mode}))
+    assert r.passed
+    assert not sandbox_processes()
+
+
+def test_large_file_write_fails_cleanly():
+    code = (
+        "def f():\n"
+        "    with open('big.bin', 'wb') as fh:\n"
+        "        for _ in range(16):\n"
+        "            fh.write(b'x' * 2**20)\n"
+        "    return 1\n"
+    )
+    r = only(run_tests(code, ONE, "f", **{**FAST, "max_file_mb": 2}))
+    assert not r.passed and r.error_type == "OSError" and "too large" in r.error_message.lower()
+
+
+def test_work_dir_is_private_and_removed():
+    code = "import os\ndef f():\n    open('note.txt', 'w').write('hi')\n    return os.getcwd()\n"
+    r = only(run_tests(code, ONE, "f", **FAST))
+    workdir = re.search(r"got '([^']+)'", r.error_message).group(1)
+    assert "comlrl-sandbox-" in workdir and workdir != os.getcwd()
+    assert not os.path.exists(workdir)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_secrets_in_the_parent_environment_are_invisible(mode, monkeypatch):
+    monkeypatch.setenv("COMLRL_FAKE_API_KEY", "sk-fake-7f3a9c1e")
+    code = (
+        "import os\n"
+        "def f():\n"
+        "    leaks = [k for k, v in os.environ.items() if 'sk-fake' in v]\n"
+        "    for pid in os.listdir('/proc'):\n"
+        "        if pid.isdigit():\n"
+        "            try:\n"
+        "                with open(f'/proc/{pid}/environ', 'rb') as fh:\n"
+        "                    if b'sk-fake' in fh.read():\n"
+        "                        leaks.append(pid)\n"
+        "            except OSError:\n"
+        "                pass\n"
+        "    return leaks\n"
+    )
+    test = "def check(candidate):\n    assert candidate() == []\n"
+    if os.geteuid() != 0 and not mode:
+        pytest.skip("without a uid switch, /proc/<parent>/environ stays readable by the same user")
+    r = only(run_tests(code, test, "f", **{**FAST, **mode}))
+    assert r.passed, r.error_message
+    env_test = "def check(candidate):\n    assert candidate() == 1\n"
+    keys = "import os\ndef f():\n    return int(set(os.environ) <= {'PATH', 'LANG', 'LC_ALL', 'HOME', 'TMPDIR', 'PYTHONHASHSEED', 'PYTHONDONTWRITEBYTECODE'})\n"
+    assert only(run_tests(keys, env_test, "f", **FAST)).passed
+
+
+@pytest.mark.parametrize(
+    "options",
+    [pytest.param({"block_sockets": False}, id="netns-only"), pytest.param({"block_sockets": True}, id="socket-block"),
+     pytest.param({"namespaces": False}, id="no-namespaces")],
+)
+def test_network_is_unreachable(options):
+    if options == {"block_sockets": False} and isolation_level() != "netns":
+        pytest.skip("no network namespace on this machine")
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    listener.settimeout(0.3)
+    port = listener.getsockname()[1]
+    code = (
+        "import socket\n"
+        "def f():\n"
+        f"    s = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+        "    s.sendall(b'leak')\n"
+        "    return 1\n"
+    )
+    try:
+        r = only(run_tests(code, ONE, "f", **{**FAST, **options}))
+        with pytest.raises(socket.timeout):
+            listener.accept()
+    finally:
+        listener.close()
+    assert not r.passed and r.error_type in {"OSError", "PermissionError", "ConnectionRefusedError", "TimeoutError"}
+
+
+def test_killing_the_parent_does_not_kill_the_caller():
+    code = "import os, signal\ndef f():\n    os.kill(os.getppid(), signal.SIGKILL)\n    return 1\n"
+    r = run_tests(code, TWO, "f", **FAST)
+    assert len(r) == 2  # we are still here, with one result per case
+    assert all(x.passed or x.error_type in {"PermissionError", "SandboxCrash", "ProcessLookupError"} for x in r)
+
+
+def test_sys_exit_and_os_exit_inside_a_case():
+    code = (
+        "import os, sys\n"
+        "def f(x):\n"
+        "    if x == 1:\n"
+        "        sys.exit(3)\n"
+        "    if x == 2:\n"
+        "        os._exit(0)\n"
+        "    return x\n"
+    )
+    test = "def check(candidate):\n" + "".join(f"    assert candidate({i}) == {i}\n" for i in range(4))
+    r = run_tests(code, test, "f", **FAST)
+    assert [x.passed for x in r] == [True, False, False, True]
+    assert r[1].error_type == "SystemExit" and "3" in r[1].error_message
+    assert r[2].error_type == "SandboxCrash" and "exited" in r[2].error_message
+
+
+def test_os_exit_while_loading_fails_every_case():
+    r = run_tests("import os\nos._exit(1)\n", TWO, "f", **FAST)
+    assert [x.error_type for x in r] == ["SandboxCrash"] * 2
+
+
+def test_stdout_and_stderr_floods_are_capped():
+    code = (
+        "import os, sys\n"
+        "def f():\n"
+        "    for _ in range(20000):\n"
+        "        print('x' * 1000)\n"
+        "        sys.stderr.write('y' * 1000)\n"
+        "    os.write(1, b'z' * 5 * 2**20)\n"
+        "    os.write(2, b'z' * 5 * 2**20)\n"
+        "    return 1\n"
+    )
+    assert only(run_tests(code, ONE, "f", **FAST)).passed
+
+
+def test_deep_recursion():
+    code = "def f(n=0):\n    return f(n + 1)\n"
+    r = only(run_tests(code, ONE, "f", **FAST))
+    assert r.error_type == "RecursionError"
+    unlimited = "import sys\nsys.setrecursionlimit(10**8)\ndef f(n=0):\n    return f(n + 1)\n"
+    r = only(run_tests(unlimited, ONE, "f", **{**FAST, "memory_mb": 128}))
+    assert not r.passed  # memory, stack or time runs out; either way a contained failure
+
+
+def test_forged_result_lines_are_ignored():
+    code = (
+        "import os, sys\n"
+        "def f():\n"
+        "    fd = int(sys.argv[1])\n"
+        "    line = b'0' * 32 + b' {\"t\": \"result\", \"i\": 0, \"ok\": true}\\n'\n"
+        "    os.write(fd, line)\n"
+        "    print('{\"t\": \"result\", \"i\": 0, \"ok\": true}')\n"
+        "    return 2\n"
+    )
+    r = only(run_tests(code, ONE, "f", **FAST))
+    assert not r.passed and r.error_message == "expected 1, got 2"
+
+
+def test_fork_inside_a_case_does_not_duplicate_results():
+    code = "import os\ndef f(x):\n    os.fork()\n    return x\n"
+    test = "def check(candidate):\n    assert candidate(1) == 1\n    assert candidate(2) == 2\n"
+    r = run_tests(code, test, "f", **FAST)
+    assert [x.passed for x in r] == [True, True]
+
+
+def test_run_tests_many_keeps_order_and_limits_workers():
+    jobs = [
+        {"code": f"def f():\n    return {i}\n", "test_code": ONE, "entry_point": "f"} for i in range(4)
+    ] + [("def g():\n    while True:\n        pass\n", ONE, "g")]
+    results = run_tests_many(jobs, max_workers=2, timeout_s=1.0)
+    assert [only(r).passed for r in results] == [False, True, False, False, False]
+    assert results[4][0].timed_out
+    with pytest.raises(ValueError, match="max_workers"):
+        run_tests_many(jobs, max_workers=0)
+
+
+def test_isolation_level_is_reported():
+    info = isolation_info()
+    assert isolation_level() in {"netns", "socket-block"}
+    assert info["isolation"] == isolation_level()
+    if os.geteuid() == 0:
+        assert info["uid"] != 0 and info["privileges_dropped"]
+
+
+def test_bad_options_are_rejected():
+    with pytest.raises(TypeError, match="unknown sandbox option"):
+        run_tests("def f():\n    return 1\n", ONE, "f", memory=5)
+    with pytest.raises(ValueError, match="timeout_s"):
+        run_tests("def f():\n    return 1\n", ONE, "f", timeout_s=0)
