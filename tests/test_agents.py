@@ -81,7 +81,7 @@ def test_heterogeneous_local_paths(tiny_model_dir, small_model_dir):
     assert team2.tokenizers[0] is team2.tokenizers[1]
 
 
-# --- model objects -------------------------------------------------------------------------------------------
+# --- model objects ------------------------------------------------------------------------------------------
 
 def test_model_objects_need_a_tokenizer(tiny_model_dir):
     m0, tok = _auto(tiny_model_dir)
@@ -159,7 +159,7 @@ def test_broken_local_folder_names_the_path(tmp_path):
         load_model(str(broken))
 
 
-# --- load kwargs / dtype ---------------------------------------------------------------------------------------
+# --- load kwargs / dtype ------------------------------------------------------------------------------------
 
 def test_load_kwargs():
     assert load_kwargs(None) == {"attn_implementation": "sdpa"}
@@ -188,7 +188,7 @@ def test_special_tokens_from_model_config(tiny_model_dir):
         assert len(ids) == 1 and tok.convert_ids_to_tokens(ids) == ["<|tool|>"]
 
 
-# --- LoRA ---------------------------------------------------------------------------------------------------------------
+# --- LoRA ---------------------------------------------------------------------------------------------------
 
 def test_lora_one_base_with_one_adapter_per_agent(tiny_model_dir, tmp_path):
     from peft import PeftModel
@@ -265,7 +265,7 @@ def test_save_full_models(tiny_model_dir, tmp_path):
     assert not torch.equal(first, next(iter(AutoModelForCausalLM.from_pretrained(paths[1]).state_dict().values())))
 
 
-# --- hub ids offline ----------------------------------------------------------------------------------------------
+# --- hub ids offline ----------------------------------------------------------------------------------------
 
 def test_hub_id_offline_fails_fast(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -155,7 +155,7 @@ def test_bad_arguments(model_and_tok):
         sample_completions(model, tok, ["Topic: rivers.", ""], 2, SETTINGS, SamplingStream(0))
 
 
-# --- trimming on hand-made rows --------------------------------------------------------------------------------
+# --- trimming on hand-made rows -----------------------------------------------------------------------------
 
 class ScriptedLM(nn.Module):
     """A stand-in model whose ``generate`` returns fixed rows after the (padded) prompts."""

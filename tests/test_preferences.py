@@ -115,7 +115,7 @@ def test_iterative_index_aligned_only():
         select_iterative_pairs(C, P, "best", 3)
 
 
-# --- the pair record (§3.6, §3.7) ----------------------------------------------------------------------------
+# --- the pair record (§3.6, §3.7) ---------------------------------------------------------------------------
 
 SPEC_KEYS = {
     "prompts", "winner_completions", "loser_completions", "winner_reward", "loser_reward",
@@ -171,7 +171,7 @@ def test_from_json_defaults_and_errors():
         PreferencePair.from_json(["not", "a", "dict"])
 
 
-# --- building offline pairs from samples ------------------------------------------------------------------------------
+# --- building offline pairs from samples --------------------------------------------------------------------
 
 def _samples(agent: str) -> Samples:
     """Two items x three candidates; ids encode (agent, item, candidate) so the test can tell them apart."""

@@ -210,7 +210,7 @@ def test_return_coercion(value, expected):
     assert all(type(v) is float for v in out)
 
 
-# --- the oracle ----------------------------------------------------------------------------------------------------
+# --- the oracle ---------------------------------------------------------------------------------------------
 
 def test_oracle_calls_once_per_joint_response():
     rec = Recorder()

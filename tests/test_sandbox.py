@@ -207,7 +207,10 @@ def test_fork_bomb_is_contained(mode):
     bomb = "import os\ndef f():\n    while True:\n        os.fork()\n"
     r = run_tests(bomb, TWO, "f", **{**FAST, **mode})
     assert len(r) == 2 and not any(x.passed for x in r)
-    stubborn = "import os\ndef f():\n    while True:\n        try:\n            os.fork()\n        except OSError:\n            pass\n"
+    stubborn = (
+        "import os\ndef f():\n    while True:\n        try:\n            os.fork()\n"
+        "        except OSError:\n            pass\n"
+    )
     r = only(run_tests(stubborn, ONE, "f", **{**FAST, **mode}))
     assert not r.passed and r.timed_out
     assert not sandbox_processes()
@@ -273,14 +276,18 @@ def test_secrets_in_the_parent_environment_are_invisible(mode, monkeypatch):
     r = only(run_tests(code, test, "f", **{**FAST, **mode}))
     assert r.passed, r.error_message
     env_test = "def check(candidate):\n    assert candidate() == 1\n"
-    keys = "import os\ndef f():\n    return int(set(os.environ) <= {'PATH', 'LANG', 'LC_ALL', 'HOME', 'TMPDIR', 'PYTHONHASHSEED', 'PYTHONDONTWRITEBYTECODE'})\n"
+    allowed = {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE"}
+    keys = f"import os\ndef f():\n    return int(set(os.environ) <= {allowed!r})\n"
     assert only(run_tests(keys, env_test, "f", **FAST)).passed
 
 
 @pytest.mark.parametrize(
     "options",
-    [pytest.param({"block_sockets": False}, id="netns-only"), pytest.param({"block_sockets": True}, id="socket-block"),
-     pytest.param({"namespaces": False}, id="no-namespaces")],
+    [
+        pytest.param({"block_sockets": False}, id="netns-only"),
+        pytest.param({"block_sockets": True}, id="socket-block"),
+        pytest.param({"namespaces": False}, id="no-namespaces"),
+    ],
 )
 def test_network_is_unreachable(options):
     if options == {"block_sockets": False} and isolation_level() != "netns":
@@ -303,14 +310,21 @@ def test_network_is_unreachable(options):
             listener.accept()
     finally:
         listener.close()
-    assert not r.passed and r.error_type in {"OSError", "PermissionError", "ConnectionRefusedError", "TimeoutError"}
+    assert not r.passed and r.error_type in {
+        "OSError",
+        "PermissionError",
+        "ConnectionRefusedError",
+        "TimeoutError",
+    }
 
 
 def test_killing_the_parent_does_not_kill_the_caller():
     code = "import os, signal\ndef f():\n    os.kill(os.getppid(), signal.SIGKILL)\n    return 1\n"
     r = run_tests(code, TWO, "f", **FAST)
     assert len(r) == 2  # we are still here, with one result per case
-    assert all(x.passed or x.error_type in {"PermissionError", "SandboxCrash", "ProcessLookupError"} for x in r)
+    assert all(
+        x.passed or x.error_type in {"PermissionError", "SandboxCrash", "ProcessLookupError"} for x in r
+    )
 
 
 def test_sys_exit_and_os_exit_inside_a_case():
@@ -363,9 +377,9 @@ def test_forged_result_lines_are_ignored():
         "import os, sys\n"
         "def f():\n"
         "    fd = int(sys.argv[1])\n"
-        "    line = b'0' * 32 + b' {\"t\": \"result\", \"i\": 0, \"ok\": true}\\n'\n"
+        '    line = b\'0\' * 32 + b\' {"t": "result", "i": 0, "ok": true}\\n\'\n'
         "    os.write(fd, line)\n"
-        "    print('{\"t\": \"result\", \"i\": 0, \"ok\": true}')\n"
+        '    print(\'{"t": "result", "i": 0, "ok": true}\')\n'
         "    return 2\n"
     )
     r = only(run_tests(code, ONE, "f", **FAST))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +48,12 @@ def load_task_items(source: Any, split: str = "train") -> list[dict]:
                 ) from exc
         return [dict(r) for r in ds]
     if hasattr(source, "__iter__"):
-        items = [dict(r) for r in source]
-        for i, r in enumerate(items):
-            if not isinstance(r, dict):
+        items = []
+        for i, r in enumerate(source):
+            # Check before converting: dict() of a string or a pair list fails with a cryptic message.
+            if not isinstance(r, Mapping):
                 raise ValueError(f"Dataset item {i} is a {type(r).__name__}, not a dict.")
+            items.append(dict(r))
         return items
     raise ValueError(f"Unsupported dataset source of type {type(source).__name__}.")
 

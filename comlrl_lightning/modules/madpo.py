@@ -21,11 +21,15 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.agents import AgentTeam, build_agents
-from comlrl_lightning.config import MADPOConfig
+from comlrl_lightning.config import MADPOConfig, MADPOIterConfig
 from comlrl_lightning.generation import SamplingSettings
 from comlrl_lightning.logprobs import sequence_logps
 from comlrl_lightning.losses import madpo_loss, madpo_loss_detached_others
 from comlrl_lightning.tiny import TINY_MODEL_NAME
+
+# ``args`` is saved with the hyper-parameters; allow our plain config dataclasses in weights_only loads
+# (Lightning's ``fit(ckpt_path=...)`` loads checkpoints with ``weights_only=True``).
+torch.serialization.add_safe_globals([MADPOConfig, MADPOIterConfig])
 
 
 class MADPOModule(L.LightningModule):

@@ -31,16 +31,41 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 
-# Imported before privileges are dropped: after setuid the interpreter's stdlib may no longer be
-# readable (e.g. a Python installed under /root), and HumanEval-style code imports these lazily.
-PRELOAD = (
-    "math cmath re string collections collections.abc itertools functools operator heapq bisect "
-    "array copy fractions decimal statistics random numbers typing dataclasses enum datetime "
-    "calendar time hashlib textwrap unicodedata json struct io abc contextlib keyword "
-    "reprlib traceback types weakref difflib pprint locale codecs base64 binascii zlib "
-    "_strptime encodings.idna socket select selectors threading subprocess queue signal shlex "
-    "glob fnmatch tempfile shutil pathlib inspect ast dis csv sqlite3 uuid"
-).split()
+# Imported before privileges are dropped: after setuid the interpreter's stdlib may not be readable
+# any more (e.g. a Python installed under /root). A small base set plus every module the code or
+# the tests import (found with ast, without running anything).
+PRELOAD_BASE = [
+    "math",
+    "re",
+    "collections",
+    "itertools",
+    "functools",
+    "operator",
+    "typing",
+    "string",
+    "heapq",
+    "bisect",
+]
+PRELOAD_EXTRA = {"datetime": ["_strptime"], "time": ["_strptime"], "socket": ["encodings.idna"]}
+
+
+def _modules_to_preload(*sources):
+    names = list(PRELOAD_BASE)
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.append(node.module)
+                names += [f"{node.module}.{alias.name}" for alias in node.names]
+    for name in list(names):
+        names += PRELOAD_EXTRA.get(name.split(".")[0], [])
+    return list(dict.fromkeys(names))
+
 
 MAX_MESSAGE = 400
 MAX_REPR = 200
@@ -59,7 +84,7 @@ def _libc():
         import ctypes
 
         return ctypes.CDLL(None, use_errno=True)
-    except Exception:
+    except Exception:  # noqa: BLE001 - no ctypes: run without namespaces
         return None
 
 
@@ -71,7 +96,7 @@ def _short(text, limit=MAX_MESSAGE):
 def _describe(exc):
     try:
         msg = str(exc)
-    except BaseException:  # a user-defined __str__ may raise
+    except BaseException:  # noqa: BLE001 - a user-defined __str__ may raise anything
         msg = "<unprintable message>"
     return type(exc).__name__, _short(msg)
 
@@ -79,7 +104,7 @@ def _describe(exc):
 def _safe_repr(value):
     try:
         return _short(repr(value), MAX_REPR)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - a user-defined __repr__ may raise anything
         return "<unrepresentable>"
 
 
@@ -111,7 +136,7 @@ def _make_sender(fd, nonce, owner_pid):
         data = (nonce + " " + json.dumps(record) + "\n").encode()
         try:
             while data:
-                data = data[os.write(fd, data):]
+                data = data[os.write(fd, data) :]
         except OSError:
             os._exit(3)  # the model's code closed or broke our pipe: the parent reports a crash
 
@@ -193,7 +218,7 @@ def _exec_timed(source, filename, env, timeout_s):
     try:
         signal.setitimer(signal.ITIMER_REAL, timeout_s)
         try:
-            exec(compile(source, filename, "exec"), env)
+            exec(compile(source, filename, "exec"), env)  # noqa: S102 - this process is the sandbox
         finally:
             # Disarm before any handler below runs: an alarm inside a handler would escape it.
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -201,7 +226,7 @@ def _exec_timed(source, filename, env, timeout_s):
         return "TimeoutException", f"timed out after {timeout_s:g} s", True
     except SystemExit as exc:
         return "SystemExit", _short(f"code called sys.exit({exc.code!r})"), False
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - every failure of the code is a test result
         etype, msg = _describe(exc)
         return etype, msg, False
     return None
@@ -241,7 +266,7 @@ def _children_of(my_pid):
         try:
             with open(f"/proc/{entry}/stat") as fh:
                 stat = fh.read()
-            if int(stat[stat.rindex(")") + 2:].split()[1]) == my_pid:
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == my_pid:
                 children.append(int(entry))
         except (OSError, ValueError, IndexError):
             continue
@@ -282,10 +307,12 @@ def worker(job, send, info, libc):
 
     drop_to = job["drop_to"]  # (uid, gid) when started as root, else None
     if drop_to is not None and not _stdlib_world_readable():
-        for name in PRELOAD:
+        for name in _modules_to_preload(
+            job["code"], job["setup"], *(src for _, src in job["cases"] if "import" in src)
+        ):
             try:
                 __import__(name)
-            except Exception:
+            except BaseException:  # noqa: BLE001, S110 - `from os import path` names no module
                 pass
 
     limits = job["limits"]
@@ -343,14 +370,15 @@ def worker(job, send, info, libc):
     sys.stderr = _CappedSink(sink_limit)
 
     env = {"__name__": "__sandbox__", "__builtins__": builtins}
-    exec("import math", env)
+    exec("import math", env)  # noqa: S102 - upstream pre-seeds math
     for source, filename in ((code, "<solution>"), (setup, "<test setup>")):
         if not source.strip():
             continue
         failure = _exec_timed(source, filename, env, timeout_s)
         if failure is not None:
             _kill_children(in_pidns)
-            send({"t": "code_error", "etype": failure[0], "msg": failure[1], "where": filename})
+            etype, msg, timed_out = failure
+            send({"t": "code_error", "etype": etype, "msg": msg, "timeout": timed_out, "where": filename})
             os._exit(0)
     _kill_children(in_pidns)
     send({"t": "ready"})
@@ -370,8 +398,17 @@ def worker(job, send, info, libc):
         else:
             etype, msg, timed_out = failure
             timeouts_left -= timed_out
-            send({"t": "result", "i": index, "ok": False, "etype": etype, "msg": msg,
-                  "timeout": timed_out, "dt": elapsed})
+            send(
+                {
+                    "t": "result",
+                    "i": index,
+                    "ok": False,
+                    "etype": etype,
+                    "msg": msg,
+                    "timeout": timed_out,
+                    "dt": elapsed,
+                }
+            )
     send({"t": "done"})
     os._exit(0)
 
@@ -402,11 +439,13 @@ def main():
     if pid == 0:
         try:
             worker(job, _make_sender(result_fd, nonce, os.getpid()), info, libc)
-        except BaseException as exc:  # bootstrap failure before/while setting up
+        except BaseException as exc:  # noqa: BLE001 - bootstrap failure, reported to the parent
             etype, msg = _describe(exc)
             try:
-                os.write(result_fd, (nonce + " " + json.dumps(
-                    {"t": "fatal", "etype": etype, "msg": msg}) + "\n").encode())
+                os.write(
+                    result_fd,
+                    (nonce + " " + json.dumps({"t": "fatal", "etype": etype, "msg": msg}) + "\n").encode(),
+                )
             finally:
                 os._exit(4)
         os._exit(0)

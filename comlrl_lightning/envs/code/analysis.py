@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import ast
 import re
-import textwrap
 from dataclasses import dataclass, field
 
 AUX_NAME = "aux"
 
-_FENCE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.S)
+_FENCE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _DEF = re.compile(r"^(\s*)(?:async\s+)?def\s+(\w+)\s*\(")
-_IMPORT = re.compile(r"^(?:from\s+[\w.]+\s+import\s+.+|import\s+[\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*)$")
+_IMPORT = re.compile(
+    r"^(?:from\s+[\w.]+\s+import\s+.+|import\s+[\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*)$"
+)
 
 
 def strip_fences(text: str) -> str:
@@ -57,8 +58,13 @@ def _def_blocks(text: str) -> list[tuple[str, str]]:
                 break
         while block and not block[-1].strip():
             block.pop()
-        blocks.append((name, textwrap.dedent("\n".join(block))))
+        blocks.append((name, "\n".join(_strip_indent(line, indent) for line in block)))
     return blocks
+
+
+def _strip_indent(line: str, indent: int) -> str:
+    line = line.expandtabs()
+    return line[indent:] if not line[:indent].strip() else line.lstrip()
 
 
 def _paren_delta(line: str) -> int:
@@ -167,7 +173,8 @@ def ignored_aux_calls(main_src: str, aux_name: str = AUX_NAME) -> list[str]:
         pattern = re.compile(rf"^{re.escape(aux_name)}\s*\(.*\)\s*;?$")
         return [f"Line {n}: {ln.strip()}" for n, ln in enumerate(lines, 1) if pattern.match(ln.strip())]
     found = [
-        node.lineno for node in ast.walk(func)
+        node.lineno
+        for node in ast.walk(func)
         if isinstance(node, ast.Expr) and _is_aux_call(node.value, aux_name)
     ]
     return [f"Line {n}: {lines[n - 1].strip()}" for n in sorted(found)]
@@ -180,9 +187,12 @@ def is_thin_wrapper(main_src: str, aux_name: str = AUX_NAME) -> bool:
     if func is None:
         return False
     body = [
-        s for s in func.body
+        s
+        for s in func.body
         if not isinstance(s, ast.Pass)
-        and not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str))
+        and not (
+            isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)
+        )
     ]
     if not body:
         return True
@@ -228,9 +238,11 @@ def analyze(aux_completion: str, main_completion: str, entry_point: str, prompt:
     main_src = extract_function(main_completion, entry_point)
     aux_ok, aux_message = check_definition(aux_src, "aux function")
     main_ok, main_message = check_definition(main_src, f"main function ({entry_point})")
-    imports = list(dict.fromkeys(
-        import_lines(prompt) + top_level_imports(aux_completion) + top_level_imports(main_completion)
-    ))
+    imports = list(
+        dict.fromkeys(
+            import_lines(prompt) + top_level_imports(aux_completion) + top_level_imports(main_completion)
+        )
+    )
     combined = combine_code(aux_src, main_src, imports)
     line = col = None
     try:
@@ -242,9 +254,20 @@ def analyze(aux_completion: str, main_completion: str, entry_point: str, prompt:
     except ValueError as exc:  # e.g. null bytes
         syntax_ok, syntax_message = False, f"syntax error: {exc}"
     return CodeAnalysis(
-        entry_point=entry_point, aux_src=aux_src, main_src=main_src, aux_ok=aux_ok,
-        aux_message=aux_message, main_ok=main_ok, main_message=main_message, imports=imports,
-        combined=combined, syntax_ok=syntax_ok, syntax_message=syntax_message, syntax_line=line,
-        syntax_col=col, calls_aux=calls_aux(main_src), ignored_aux_calls=ignored_aux_calls(main_src),
+        entry_point=entry_point,
+        aux_src=aux_src,
+        main_src=main_src,
+        aux_ok=aux_ok,
+        aux_message=aux_message,
+        main_ok=main_ok,
+        main_message=main_message,
+        imports=imports,
+        combined=combined,
+        syntax_ok=syntax_ok,
+        syntax_message=syntax_message,
+        syntax_line=line,
+        syntax_col=col,
+        calls_aux=calls_aux(main_src),
+        ignored_aux_calls=ignored_aux_calls(main_src),
         thin_wrapper=is_thin_wrapper(main_src) if main_src else False,
     )

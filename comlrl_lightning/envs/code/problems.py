@@ -17,7 +17,9 @@ _TRUE = {"1", "true", "yes", "on"}
 
 
 def _offline() -> bool:
-    return any(os.environ.get(k, "").strip().lower() in _TRUE for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(
+        os.environ.get(k, "").strip().lower() in _TRUE for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
 
 
 def validate_problems(rows, source: str = "dataset") -> None:
@@ -40,8 +42,9 @@ def load_code_problems(
 
     ``source``: None for the built-in problems; a path to a ``.json``/``.jsonl`` file; or a Hub
     dataset name. ``split`` accepts the ``datasets`` slice syntax (``"train[:10]"``); a local
-    file has a single split named ``train``. ``cache_dir`` is passed to ``datasets``. With ``HF_HUB_OFFLINE=1`` (or
-    ``HF_DATASETS_OFFLINE=1``) a Hub name fails at once instead of trying the network.
+    file has a single split named ``train``. ``cache_dir`` is passed to ``datasets``. With
+    ``HF_HUB_OFFLINE=1`` (or ``HF_DATASETS_OFFLINE=1``) a Hub name fails at once instead of
+    trying the network.
     """
     import datasets
 

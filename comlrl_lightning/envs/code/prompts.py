@@ -5,6 +5,8 @@ external_prompts=None) -> str``. At turn 0 they build the instruction from the i
 ``prompt`` and ``entry_point``. When an external transition supplies a follow-up prompt
 (``external_prompts``), they return it unchanged: the transitions of this package already write
 complete prompts, and re-wrapping feedback text as a "problem" is the upstream pitfall of §12.20.
+Where upstream answers "Error: Could not extract function information from prompt." (no
+``def <entry_point>(...)`` in the prompt), these formatters use the signature ``def name(...)``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def _field(item: Mapping, key: str) -> str:
 def function_signature(prompt: str, entry_point: str) -> str:
     """``def name(params)`` as declared in the prompt (annotations kept, return type dropped);
     ``def name(...)`` when the prompt does not declare it."""
-    match = re.search(rf"def\s+{re.escape(entry_point)}\s*\((.*?)\)\s*(?:->[^:]*)?:", prompt, re.S)
+    match = re.search(rf"def\s+{re.escape(entry_point)}\s*\((.*?)\)\s*(?:->[^:]*)?:", prompt, re.DOTALL)
     if not match:
         return f"def {entry_point}(...)"
     params = " ".join(match.group(1).split())

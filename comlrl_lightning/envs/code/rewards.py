@@ -65,8 +65,15 @@ class RewardBreakdown:
 
     @property
     def total(self) -> float:
-        return (self.aux_defined + self.main_defined + self.syntax + self.tests + self.uses_aux
-                + self.not_wrapper + self.ignored_aux)
+        return (
+            self.aux_defined
+            + self.main_defined
+            + self.syntax
+            + self.tests
+            + self.uses_aux
+            + self.not_wrapper
+            + self.ignored_aux
+        )
 
 
 def needs_tests(analysis: CodeAnalysis) -> bool:
@@ -128,9 +135,11 @@ def code_rewards(
     if len(items) == 1 and n > 1:
         items = list(items) * n
     if len(items) != n:
-        raise ValueError(f"batch_items has {len(items)} items for {n} completions; pass one per completion or one")
+        raise ValueError(
+            f"batch_items has {len(items)} items for {n} completions; pass one per completion or one"
+        )
     analyses, jobs = [], []
-    for i, (aux, main, item) in enumerate(zip(aux_completions, main_completions, items)):
+    for i, (aux, main, item) in enumerate(zip(aux_completions, main_completions, items, strict=True)):
         entry, test = _item_field(item, "entry_point", i), _item_field(item, "test", i)
         analysis = analyze(aux or "", main or "", entry, _item_field(item, "prompt", i))
         analyses.append(analysis)
@@ -141,8 +150,9 @@ def code_rewards(
         if job is None:
             return []
         code, cases, setup = job
-        return run_cases(code, cases, setup=setup, timeout_s=timeout_s, max_timeouts=max_timeouts,
-                         **sandbox_options)
+        return run_cases(
+            code, cases, setup=setup, timeout_s=timeout_s, max_timeouts=max_timeouts, **sandbox_options
+        )
 
     workers = max_workers or min(8, os.cpu_count() or 1)
     if workers <= 1 or sum(j is not None for j in jobs) <= 1:
@@ -150,7 +160,7 @@ def code_rewards(
     else:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="code-reward") as pool:
             results = list(pool.map(run, jobs))
-    return [score(a, r) for a, r in zip(analyses, results)]
+    return [score(a, r) for a, r in zip(analyses, results, strict=True)]
 
 
 def make_code_reward_func(
@@ -164,8 +174,13 @@ def make_code_reward_func(
         if batch_items is None:
             raise ValueError("the code reward needs batch_items (task dicts with prompt, test, entry_point)")
         breakdowns = code_rewards(
-            completions_agent0, completions_agent1, list(batch_items), timeout_s=timeout_s,
-            max_timeouts=max_timeouts, max_workers=max_workers, **sandbox_options,
+            completions_agent0,
+            completions_agent1,
+            list(batch_items),
+            timeout_s=timeout_s,
+            max_timeouts=max_timeouts,
+            max_workers=max_workers,
+            **sandbox_options,
         )
         return [b.total for b in breakdowns]
 

@@ -105,6 +105,10 @@ def _mentions(node: ast.AST, name: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
 
 
+def _has_nested_asserts(check: ast.FunctionDef) -> bool:
+    return any(isinstance(n, ast.Assert) for n in ast.walk(check))
+
+
 def extract_test_cases(test_code: str, entry_point: str) -> list[str]:
     """Split a HumanEval ``check(candidate)`` into standalone assert statements.
 
@@ -112,6 +116,7 @@ def extract_test_cases(test_code: str, entry_point: str) -> list[str]:
     ``candidate`` renamed to ``entry_point``; duplicates are dropped, order is kept. Multi-line
     asserts are supported. If ``check`` exists but has no such top-level assert (e.g. asserts inside
     a loop), the whole check becomes a single case ``check(<entry_point>)`` so no test is lost.
+    A ``check`` without any assert gives no case.
     Unparseable test code falls back to the line rule of the spec (stripped lines inside ``check``
     that start with ``assert`` and contain ``candidate``).
     """
@@ -138,7 +143,7 @@ def extract_test_cases(test_code: str, entry_point: str) -> list[str]:
         if isinstance(node, ast.Assert) and _mentions(node, "candidate"):
             source = ast.get_source_segment(test_code, node) or ast.unparse(node)
             cases.append(rename.sub(entry_point, source))
-    if not cases and check.body:
+    if not cases and _has_nested_asserts(check):
         cases.append(f"check({entry_point})")
     return list(dict.fromkeys(cases))
 
@@ -153,8 +158,10 @@ def test_setup_code(test_code: str) -> str:
     keep = [node for node in tree.body if not (isinstance(node, ast.FunctionDef) and node.name == "check")]
     # `check` itself is kept only when a case calls it (fallback of extract_test_cases).
     check = _check_function(tree)
-    if check is not None and not any(
-        isinstance(n, ast.Assert) and _mentions(n, "candidate") for n in check.body
+    if (
+        check is not None
+        and _has_nested_asserts(check)
+        and not any(isinstance(n, ast.Assert) and _mentions(n, "candidate") for n in check.body)
     ):
         keep.append(check)
     keep.sort(key=lambda n: n.lineno)
@@ -195,7 +202,7 @@ def isolation_level() -> str:
 class _Outcome:
     info: dict | None = None
     results: list[TestResult] | None = None
-    code_error: tuple[str, str] | None = None  # (type, message): the code itself failed
+    code_error: tuple[str, str, bool] | None = None  # (type, message, timed_out): the code failed
     crash: tuple[str, str, bool] | None = None  # (type, message, timed_out) for the next case
     ready: bool = False  # the code (and test setup) loaded; cases are running
     finished: bool = False  # the child reported "done"
@@ -259,13 +266,18 @@ def _rmtree(path: str) -> None:
 
 
 def _run_child(
-    code: str, setup: str, cases: Sequence[tuple[int, str]], *, timeout_s: float, timeouts_left: int,
+    code: str,
+    setup: str,
+    cases: Sequence[tuple[int, str]],
+    *,
+    timeout_s: float,
+    timeouts_left: int,
     options: dict,
 ) -> _Outcome:
     """Start one sandbox child for `cases` (a suffix of the job) and collect what it reports."""
     is_root = os.geteuid() == 0
     nonce = secrets.token_hex(16)
-    cpu_s = int(math.ceil(timeout_s * (len(cases) + 1))) + 2
+    cpu_s = math.ceil(timeout_s * (len(cases) + 1)) + 2
     job = {
         "nonce": nonce,
         "code": code,
@@ -295,8 +307,13 @@ def _run_child(
         python = options["python"] or sys.executable
         proc = subprocess.Popen(
             [python, "-I", "-S", "-B", str(_CHILD), str(write_fd)],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            cwd=workdir, env=_minimal_env(workdir), pass_fds=(write_fd,), start_new_session=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=workdir,
+            env=_minimal_env(workdir),
+            pass_fds=(write_fd,),
+            start_new_session=True,
         )
         os.close(write_fd)
         write_fd = -1
@@ -353,7 +370,7 @@ def _collect(proc, read_fd, nonce, cases, timeout_s, outcome: _Outcome) -> None:
             if not line.startswith(prefix):
                 continue  # not ours (forged or garbage): ignored
             try:
-                record = json.loads(line[len(prefix):])
+                record = json.loads(line[len(prefix) :])
             except ValueError:
                 continue
             kind = record.get("t")
@@ -365,17 +382,23 @@ def _collect(proc, read_fd, nonce, cases, timeout_s, outcome: _Outcome) -> None:
                 outcome.ready = True
                 phase, deadline = "cases", now + timeout_s + _GRACE_S
             elif kind == "code_error":
-                outcome.code_error = (record["etype"], record["msg"])
+                outcome.code_error = (record["etype"], record["msg"], bool(record.get("timeout")))
                 phase, deadline = "end", now + _STARTUP_S
             elif kind == "result":
                 if not pending or record.get("i") != pending[0][0]:
                     continue
                 index, case = pending.pop(0)
-                outcome.results.append(TestResult(
-                    index=index, case=case, passed=bool(record["ok"]),
-                    error_type=record.get("etype"), error_message=record.get("msg"),
-                    timed_out=bool(record.get("timeout")), duration_s=float(record.get("dt", 0.0)),
-                ))
+                outcome.results.append(
+                    TestResult(
+                        index=index,
+                        case=case,
+                        passed=bool(record["ok"]),
+                        error_type=record.get("etype"),
+                        error_message=record.get("msg"),
+                        timed_out=bool(record.get("timeout")),
+                        duration_s=float(record.get("dt", 0.0)),
+                    )
+                )
                 deadline = now + timeout_s + _GRACE_S
             elif kind == "done":
                 outcome.finished = True
@@ -447,15 +470,20 @@ def run_cases(
             fail_all("TimeoutException", f"skipped: {timeouts} test cases already timed out", skipped=True)
             break
         outcome = _run_child(
-            code, setup, [(i, cases[i]) for i in pending],
-            timeout_s=timeout_s, timeouts_left=max_timeouts - timeouts, options=opts,
+            code,
+            setup,
+            [(i, cases[i]) for i in pending],
+            timeout_s=timeout_s,
+            timeouts_left=max_timeouts - timeouts,
+            options=opts,
         )
         for result in outcome.results:
             results[result.index] = result
             pending.remove(result.index)
             timeouts += result.timed_out
         if outcome.code_error is not None:
-            fail_all(*outcome.code_error)
+            etype, msg, timed_out = outcome.code_error
+            fail_all(etype, msg, timed_out=timed_out)
         elif outcome.crash is not None and pending:
             etype, msg, timed_out = outcome.crash
             if not outcome.info:  # never got going: not the code's fault
@@ -491,7 +519,11 @@ def run_tests(
     if not cases:
         return []
     return run_cases(
-        code, cases, setup=test_setup_code(test_code), timeout_s=timeout_s, max_timeouts=max_timeouts,
+        code,
+        cases,
+        setup=test_setup_code(test_code),
+        timeout_s=timeout_s,
+        max_timeouts=max_timeouts,
         **options,
     )
 

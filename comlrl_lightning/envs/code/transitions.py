@@ -86,12 +86,13 @@ def slice_tests(test_code: str, n: int | None) -> str:
     if not n or not test_code:
         return test_code
     lines = test_code.splitlines()
-    header = next((i for i, ln in enumerate(lines) if re.match(r"\s*def\s+check\s*\(\s*candidate\s*\)\s*:", ln)), None)
+    header = next(
+        (i for i, ln in enumerate(lines) if re.match(r"\s*def\s+check\s*\(\s*candidate\s*\)\s*:", ln)), None
+    )
     if header is None:
         return test_code
     asserts = [
-        ln.strip() for ln in lines[header + 1:]
-        if ln.strip().startswith("assert") and "candidate" in ln
+        ln.strip() for ln in lines[header + 1 :] if ln.strip().startswith("assert") and "candidate" in ln
     ]
     if not asserts:
         return test_code
@@ -106,7 +107,7 @@ def _normalize_prompt(prompt: str) -> str:
 
 
 def _last_def_name(prompt: str) -> str | None:
-    names = re.findall(r"^\s*def\s+(\w+)\s*\(", prompt or "", re.M)
+    names = re.findall(r"^\s*def\s+(\w+)\s*\(", prompt or "", re.MULTILINE)
     return names[-1] if names else None
 
 
@@ -202,10 +203,15 @@ class CodeTransition:
         prompt, entry = item.get("prompt"), item.get("entry_point")
         if not isinstance(prompt, str) or not isinstance(entry, str) or not entry:
             raise ValueError(
-                f"a code task needs string fields 'prompt' and 'entry_point' (task {item.get('task_id', '?')!r})"
+                "a code task needs string fields 'prompt' and 'entry_point' "
+                f"(task {item.get('task_id', '?')!r})"
             )
-        return {"prompt": prompt, "entry_point": entry, "test": item.get("test") or "",
-                "task_id": item.get("task_id")}
+        return {
+            "prompt": prompt,
+            "entry_point": entry,
+            "test": item.get("test") or "",
+            "task_id": item.get("task_id"),
+        }
 
     def resolve(self, prompt: str) -> dict:
         """The task context for `prompt` (bound task, registered task, or parsed entry point)."""
@@ -239,15 +245,16 @@ class CodeTransition:
         if not isinstance(agent_completions, (list, tuple)) or len(agent_completions) != 2:
             raise ValueError(
                 f"agent_completions must hold one completion per agent (2), got "
-                f"{len(agent_completions) if isinstance(agent_completions, (list, tuple)) else type(agent_completions).__name__}"
+                f"{len(agent_completions) if isinstance(agent_completions, (list, tuple)) else 'no list'}"
             )
         ctx = self.resolve(prompt)
         aux_text, main_text = (c if isinstance(c, str) else "" for c in agent_completions)
         if self.mode == "plain":
             prompts = self._plain(ctx, aux_text, main_text)
         elif self.mode == "level_feedback":
-            prompts = self._level_feedback(ctx, aux_text, main_text, prompt_history_per_agent,
-                                           response_history_per_agent)
+            prompts = self._level_feedback(
+                ctx, aux_text, main_text, prompt_history_per_agent, response_history_per_agent
+            )
         else:
             prompts = self._expert_edits(ctx, aux_text, main_text)
         if not self._previewed:
@@ -282,8 +289,12 @@ class CodeTransition:
         results = []
         if analysis.syntax_ok and cases:
             results = run_cases(
-                analysis.combined, cases, setup=test_setup_code(test_code), timeout_s=self.timeout_s,
-                max_timeouts=self.max_timeouts, **self.sandbox_options,
+                analysis.combined,
+                cases,
+                setup=test_setup_code(test_code),
+                timeout_s=self.timeout_s,
+                max_timeouts=self.max_timeouts,
+                **self.sandbox_options,
             )
         diagnostics = self._diagnostics(analysis, cases, results)
         out = []
@@ -292,16 +303,22 @@ class CodeTransition:
             if self.include_history:
                 lines += _history_section(agent, role, prompt_history, response_history)
             lines.append("Static and execution diagnostics:")
-            aux_line = f"- aux definition: {'FOUND' if analysis.aux_ok else 'MISSING (' + analysis.aux_message + ')'}"
-            main_line = (f"- {entry} definition: "
-                         f"{'FOUND' if analysis.main_ok else 'MISSING (' + analysis.main_message + ')'}")
+            aux_state = "FOUND" if analysis.aux_ok else f"MISSING ({analysis.aux_message})"
+            aux_line = f"- aux definition: {aux_state}"
+            main_state = "FOUND" if analysis.main_ok else f"MISSING ({analysis.main_message})"
+            main_line = f"- {entry} definition: {main_state}"
             lines += [aux_line, main_line] if role == "aux" else [main_line, aux_line]
             lines += diagnostics
             if role == "main":
                 lines += _aux_usage_lines(analysis)
-                lines.append(f"Revise your {entry}(...) accordingly. Output ONLY the function code with no extra text.")
+                lines.append(
+                    f"Revise your {entry}(...) accordingly. Output ONLY the function code with no extra text."
+                )
             else:
-                lines.append(f"Revise your {AUX_NAME}(...) accordingly. Output ONLY the function code with no extra text.")
+                lines.append(
+                    f"Revise your {AUX_NAME}(...) accordingly. "
+                    "Output ONLY the function code with no extra text."
+                )
             out.append("\n".join(lines))
         return out
 
@@ -347,25 +364,33 @@ class CodeTransition:
     def _ask_expert(self, problem: str, entry: str, combined: str) -> dict[str, str]:
         messages = [
             {"role": "system", "content": "You are an expert Python reviewer. Reply with one JSON object."},
-            {"role": "user", "content": (
-                f"Two programmers solve this problem together. One writes a helper `{AUX_NAME}(...)`, the "
-                f"other writes `{entry}(...)`, which may call the helper.\n\nProblem:\n{problem.strip()}\n\n"
-                f"Their combined code:\n```python\n{combined or '# (no code found)'}\n```\n\n"
-                'Return JSON with exactly two string keys, "aux" and "main": for each function, the '
-                "concrete edits it needs (or a minimal correct implementation). If a function needs no "
-                f'change, use the text "{NO_CHANGES}".'
-            )},
+            {
+                "role": "user",
+                "content": (
+                    "Two programmers solve this problem together. One writes a helper "
+                    f"`{AUX_NAME}(...)`, the other writes `{entry}(...)`, which may call the helper."
+                    f"\n\nProblem:\n{problem.strip()}\n\n"
+                    f"Their combined code:\n```python\n{combined or '# (no code found)'}\n```\n\n"
+                    'Return JSON with exactly two string keys, "aux" and "main": for each function, the '
+                    "concrete edits it needs (or a minimal correct implementation). If a function needs no "
+                    f'change, use the text "{NO_CHANGES}".'
+                ),
+            },
         ]
         for attempt in range(1, self.max_retries + 1):
             try:
                 edits = parse_expert_edits(self.client(messages))
-            except Exception as exc:  # transport errors: retry like a malformed answer
+            except Exception as exc:  # noqa: BLE001 - any client failure: retry like a malformed answer
                 log.warning("expert_edits: attempt %d/%d failed: %s", attempt, self.max_retries, exc)
                 continue
             if edits is not None:
                 return edits
-            log.warning("expert_edits: attempt %d/%d returned no JSON with aux/main", attempt, self.max_retries)
-        log.warning("expert_edits: no usable expert answer after %d attempts; using empty edits", self.max_retries)
+            log.warning(
+                "expert_edits: attempt %d/%d returned no JSON with aux/main", attempt, self.max_retries
+            )
+        log.warning(
+            "expert_edits: no usable expert answer after %d attempts; using empty edits", self.max_retries
+        )
         return {"aux": "", "main": ""}
 
 
@@ -396,7 +421,9 @@ def _aux_usage_lines(analysis: CodeAnalysis) -> list[str]:
     else:
         lines = [f"- Aux usage: {entry} calls {AUX_NAME}(...) and uses its result"]
     if analysis.calls_aux and analysis.thin_wrapper:
-        lines.append(f"- Warning: {entry} is a thin wrapper around {AUX_NAME}(...); add real logic of its own.")
+        lines.append(
+            f"- Warning: {entry} is a thin wrapper around {AUX_NAME}(...); add real logic of its own."
+        )
     return lines
 
 

@@ -1,0 +1,198 @@
+"""RewardPairDataModule: preference pairs as joint texts for the JointRewardModel (spec §8.1, §8.3).
+
+A batch of B pairs is one padded tokenization of 2B joint texts: rows 0..B-1 are the winners (chosen), rows
+B..2B-1 the losers (rejected), plus ``pair_index`` ``[B]`` (the pairs' positions in their split). Texts are
+built with the pairs' stored prompts (:func:`~comlrl_lightning.reward_model.joint_reward_text`) and truncated
+at the model's ``max_length`` (``reward_max_length``, else the tokenizer's ``model_max_length``).
+
+Every pair is checked in ``setup``, before any step, and errors name the split and the pair index:
+a side whose completions are all empty, and a ``reward_max_length`` that leaves no room for the responses
+(:func:`~comlrl_lightning.reward_model.check_prompt_part_fits`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.utils.data import DataLoader, Dataset
+
+from comlrl_lightning.preferences import PreferencePair
+from comlrl_lightning.reward_model import (
+    check_prompt_part_fits,
+    encode_joint_texts,
+    joint_reward_text,
+    resolve_max_length,
+)
+
+
+def load_pairs(source: Any) -> list[PreferencePair]:
+    """Pairs from PreferencePair objects, pair records (dicts), or a file path.
+
+    Files: ``.jsonl`` (one record per line), or ``.json`` holding a list of records or a replay round file
+    ``{"pairs": [...]}`` (spec §3.7).
+    """
+    if source is None:
+        return []
+    if isinstance(source, (str, Path)):
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"Preference pair file {str(path)!r} does not exist.")
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".jsonl":
+            records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        else:
+            data = json.loads(text)
+            records = data["pairs"] if isinstance(data, dict) and "pairs" in data else data
+        if not isinstance(records, list):
+            raise ValueError(f"{str(path)!r} must hold a list of pair records (or a replay file with 'pairs').")
+        source = records
+    pairs = []
+    for j, p in enumerate(source):
+        if isinstance(p, PreferencePair):
+            pairs.append(p)
+        elif isinstance(p, dict):
+            pairs.append(PreferencePair.from_json(p))
+        else:
+            raise TypeError(f"pair {j} is a {type(p).__name__}; expected a PreferencePair or a pair record dict.")
+    return pairs
+
+
+def _padded(texts: Sequence[str], n: int) -> list[str]:
+    return list(texts) + [""] * (n - len(texts))
+
+
+class _Texts(Dataset):
+    def __init__(self, chosen: list[str], rejected: list[str]):
+        self.chosen, self.rejected = chosen, rejected
+
+    def __len__(self) -> int:
+        return len(self.chosen)
+
+    def __getitem__(self, i: int) -> tuple[int, str, str]:
+        return i, self.chosen[i], self.rejected[i]
+
+
+class RewardPairDataModule(L.LightningDataModule):
+    """Train (and optional held-out) preference pairs for :class:`~comlrl_lightning.modules.JointRewardModel`.
+
+    Args:
+        train_pairs: PreferencePairs, pair records, or a ``.jsonl``/``.json`` path (see :func:`load_pairs`).
+        eval_pairs: held-out pairs in the same forms; None for no validation (or ``val_fraction``).
+        val_fraction: when ``eval_pairs`` is None, hold out this fraction of the train pairs (a seeded
+            shuffle with ``seed``; at least one pair on each side), 0 for none.
+        batch_size: pairs per step; None = the model's ``args.reward_train_batch_size``.
+        eval_batch_size: pairs per validation batch; None = ``batch_size``.
+        tokenizer: None = the model's tokenizer (taken in ``setup``).
+        max_length: truncation length; None = the model's ``max_length`` (``reward_max_length`` resolved).
+        seed: seed of the held-out split and of the shuffle order of the train pairs (epochs differ).
+    """
+
+    def __init__(
+        self,
+        train_pairs: Any,
+        eval_pairs: Any = None,
+        val_fraction: float = 0.0,
+        batch_size: int | None = None,
+        eval_batch_size: int | None = None,
+        tokenizer: Any = None,
+        max_length: int | None = None,
+        seed: int = 0,
+    ):
+        super().__init__()
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1); got {val_fraction!r}.")
+        if val_fraction and eval_pairs is not None:
+            raise ValueError("Pass either eval_pairs or val_fraction, not both.")
+        for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or null; got {value!r}.")
+        train = load_pairs(train_pairs)
+        evals = load_pairs(eval_pairs)
+        if val_fraction:
+            order = list(range(len(train)))
+            random.Random(seed).shuffle(order)
+            k = min(max(1, round(len(train) * val_fraction)), len(train) - 1)
+            evals = [train[i] for i in order[:k]]
+            train = [train[i] for i in sorted(order[k:])]
+        if not train:
+            raise ValueError("RewardPairDataModule needs at least one training pair; got none.")
+        self.train_pairs, self.eval_pairs = train, evals
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.tokenizer, self.max_length = tokenizer, max_length
+        self.seed = seed
+        self._datasets: dict[str, _Texts] = {}
+        self._resolved_max_length: int | None = None
+
+    def setup(self, stage: str | None = None) -> None:
+        module = getattr(self.trainer, "lightning_module", None) if self.trainer is not None else None
+        if self.tokenizer is None:
+            if module is None or getattr(module, "tokenizer", None) is None:
+                raise RuntimeError("RewardPairDataModule needs a tokenizer: pass tokenizer= or fit a JointRewardModel.")
+            self.tokenizer = module.tokenizer
+        if self.max_length is not None:
+            self._resolved_max_length = resolve_max_length(self.tokenizer, self.max_length)
+        elif module is not None and hasattr(module, "max_length"):
+            self._resolved_max_length = module.max_length
+        else:
+            self._resolved_max_length = resolve_max_length(self.tokenizer, None)
+        if self.batch_size is None:
+            args = getattr(module, "args", None)
+            self.batch_size = int(getattr(args, "reward_train_batch_size", 1))
+        self._datasets = {"train": self._texts(self.train_pairs, "train")}
+        if self.eval_pairs:
+            self._datasets["val"] = self._texts(self.eval_pairs, "eval")
+
+    def _texts(self, pairs: Sequence[PreferencePair], split: str) -> _Texts:
+        """Joint texts of winners and losers, after checking every pair (errors name split and index)."""
+        chosen, rejected = [], []
+        n_long = 0
+        checked: set[tuple[str, ...]] = set()
+        for j, p in enumerate(pairs):
+            n = max(len(p.prompts), len(p.winner_completions), len(p.loser_completions))
+            for side, comps in (("winner", p.winner_completions), ("loser", p.loser_completions)):
+                if not any((c or "").strip() for c in comps):
+                    raise ValueError(
+                        f"{split} pair {j}: every {side} completion is empty, so its joint text has no response "
+                        "to score. Drop the pair or fix its completions."
+                    )
+            key = (str(n), *p.prompts)
+            if key not in checked:
+                check_prompt_part_fits(self.tokenizer, p.prompts, n, self._resolved_max_length, f"{split} pair {j}")
+                checked.add(key)
+            # Both sides get n agents even when a record's lists differ in length (missing texts are "").
+            chosen.append(joint_reward_text(p.prompts, _padded(p.winner_completions, n)))
+            rejected.append(joint_reward_text(p.prompts, _padded(p.loser_completions, n)))
+        if self._resolved_max_length is not None:
+            lengths = [len(ids) for ids in self.tokenizer(chosen + rejected)["input_ids"]]
+            n_long = sum(n > self._resolved_max_length for n in lengths)
+        if n_long:
+            rank_zero_warn(
+                f"{n_long} of {2 * len(pairs)} {split} joint texts are longer than reward_max_length="
+                f"{self._resolved_max_length} tokens and are truncated."
+            )
+        return _Texts(chosen, rejected)
+
+    def collate(self, batch: list[tuple[int, str, str]]) -> dict[str, torch.Tensor]:
+        """``input_ids``/``attention_mask`` ``[2B, T]`` (chosen rows, then rejected rows) and ``pair_index`` ``[B]``."""
+        texts = [c for _, c, _ in batch] + [r for _, _, r in batch]
+        enc = encode_joint_texts(self.tokenizer, texts, self._resolved_max_length)
+        enc["pair_index"] = torch.tensor([i for i, _, _ in batch], dtype=torch.long)
+        return enc
+
+    def train_dataloader(self) -> DataLoader:
+        gen = torch.Generator().manual_seed(self.seed)
+        return DataLoader(self._datasets["train"], batch_size=self.batch_size, shuffle=True, generator=gen,
+                          collate_fn=self.collate)
+
+    def val_dataloader(self) -> DataLoader | list:
+        if "val" not in self._datasets:
+            return []
+        return DataLoader(self._datasets["val"], batch_size=self.eval_batch_size or self.batch_size,
+                          shuffle=False, collate_fn=self.collate)

@@ -1,0 +1,97 @@
+"""TaskDataModule: task items, formatters, the task-reward oracle and the external transition.
+
+The train dataloader yields one task item per step (batch size 1; the batch is ``[(index, item)]``), as the
+rollout-tree trainers consume it (multiturn.md §2.1). ``eval_items``, ``formatters`` and ``oracle`` are the
+attributes :class:`~comlrl_lightning.callbacks.TaskRewardEvaluation` reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from comlrl_lightning.data.preference import _resolve_callable
+from comlrl_lightning.data.tasks import build_formatters, load_task_items
+from comlrl_lightning.rewards import RewardOracle
+
+
+def _collate(batch: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
+    return list(batch)
+
+
+class _Items(torch.utils.data.Dataset):
+    def __init__(self, items: list[dict]):
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple[int, dict]:
+        return i, self.items[i]
+
+
+class TaskDataModule(L.LightningDataModule):
+    """Task items + oracle + formatters (+ external transition) for the RL trainers.
+
+    Args:
+        train_dataset: task items (see :func:`~comlrl_lightning.data.tasks.load_task_items`).
+        eval_dataset: evaluation items (None = no evaluation).
+        reward_func: the task reward (callable or dotted path).
+        reward_processor: optional float → float applied to every raw reward.
+        formatters: None, one callable, or one per agent (callables or dotted paths).
+        external_transition: the multi-turn transition (callable or dotted path; None for single turn).
+        num_agents: number of agents (checked against the module's team in ``setup``).
+        prompt_field: the item field holding the raw prompt.
+        shuffle: shuffle the items every epoch (upstream: no shuffle).
+        seed: seed of the per-epoch shuffle (epoch e uses ``seed + e``).
+    """
+
+    def __init__(
+        self,
+        train_dataset: Any = "builtin:cooperative",
+        eval_dataset: Any = "builtin:cooperative_eval",
+        reward_func: Callable | str | None = "comlrl_lightning.envs.cooperative.cooperative_reward",
+        reward_processor: Callable | str | None = None,
+        formatters: Any = "comlrl_lightning.envs.cooperative.FORMATTERS",
+        external_transition: Callable | str | None = None,
+        num_agents: int = 2,
+        prompt_field: str = "prompt",
+        shuffle: bool = False,
+        seed: int = 0,
+    ):
+        super().__init__()
+        if reward_func is None:
+            raise ValueError("reward_func must be a callable (or a dotted import path); got None.")
+        self.oracle = RewardOracle(_resolve_callable(reward_func, "reward_func"),
+                                   _resolve_callable(reward_processor, "reward_processor"))
+        if isinstance(formatters, str):
+            formatters = _resolve_callable(formatters, "formatters")
+        if isinstance(formatters, (list, tuple)):
+            formatters = [_resolve_callable(f, f"formatters[{i}]") for i, f in enumerate(formatters)]
+        self.formatters = build_formatters(formatters, num_agents, prompt_field)
+        self.external_transition = _resolve_callable(external_transition, "external_transition")
+        self.num_agents = num_agents
+        self.prompt_field = prompt_field
+        self.train_items = load_task_items(train_dataset, "train")
+        self.eval_items = load_task_items(eval_dataset, "test") if eval_dataset is not None else []
+        if not self.train_items:
+            raise ValueError("train_dataset is empty: there is nothing to train on.")
+        self.shuffle = shuffle
+        self.seed = seed
+
+    def setup(self, stage: str) -> None:
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        team = getattr(module, "team", None)
+        if team is not None and team.num_agents != self.num_agents:
+            raise ValueError(f"The data module was built for num_agents={self.num_agents} but the module has "
+                             f"{team.num_agents} agents.")
+
+    def train_dataloader(self) -> DataLoader:
+        epoch = self.trainer.current_epoch if self.trainer is not None else 0
+        g = torch.Generator().manual_seed(int(self.seed) + int(epoch))
+        return DataLoader(_Items(self.train_items), batch_size=1, shuffle=self.shuffle, generator=g,
+                          collate_fn=_collate, num_workers=0)

@@ -1,0 +1,368 @@
+"""MAGRPOModule: multi-agent GRPO and its REINFORCE-family variants over multi-turn rollout trees.
+
+One training step = one task item = one rollout tree (multiturn.md §2.1-2.7, built by
+:func:`comlrl_lightning.multiturn.tree.build_tree`). The tree's node samples enter per-agent buffers in
+env-step order; an agent whose buffer holds ``rollout_buffer_size`` samples is drained: its samples are
+split by turn, shuffled, cut into minibatches of ``train_batch_size`` node samples, one AdamW step each
+(§2.9). Remaining samples are flushed at the last step of every epoch.
+
+Loss of one node sample (K completions y_k of prompt x, advantages Â_k; §2.8):
+``L = (1/K') Σ_k −Â_k Σ_t log π(y_kt | x, y_k,<t)`` over the completion tokens up to and including the
+first EOS (never the padding after it: decision 4); a minibatch's loss is the mean of its samples' losses.
+
+Deliberate deviations from upstream 1.4.3 (documented choices, spec §13): padding after EOS is masked;
+the prompt length is the true prompt length; ``crossed`` means ``cross`` everywhere (also in the credit
+assignment); ``joint_mode`` and ``advantage_mode`` are checked in the config; a non-finite loss raises
+instead of being replaced by 0.1; rewards in cross mode use the same signature dispatch as aligned mode.
+
+Counters: ``env_step`` (+B per tree node, spec §2.2), ``updates_seen`` (training items processed; the
+evaluation callback's clock, like upstream's ``batch_idx``), ``optimizer_steps`` (AdamW steps of all
+agents). ``trainer.global_step`` counts the optimizer steps taken inside ``training_step`` (every agent's).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+
+from comlrl_lightning.agents import AgentTeam, build_agents
+from comlrl_lightning.callbacks.logging_utils import log_metrics
+from comlrl_lightning.config_rl import MAGRPOConfig
+from comlrl_lightning.data.tasks import format_prompts
+from comlrl_lightning.generation import SamplingSettings, SamplingStream, sample_completions
+from comlrl_lightning.logprobs import build_scoring_batch, token_logps
+from comlrl_lightning.losses import policy_gradient_loss
+from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
+from comlrl_lightning.multiturn.tree import AgentDraw, NodeSample, build_tree, node_samples
+from comlrl_lightning.reference import ReferencePolicies, sequence_kl
+from comlrl_lightning.tiny import TINY_MODEL_NAME
+
+
+def trim_completion(ids: Sequence[int], eos_id: int | None, pad_id: int | None) -> list[int]:
+    """The scored tokens of a generated row: up to (excluding) the first pad, and up to (including) the
+    first EOS. Whatever follows the first EOS is padding and never counts (decision 4)."""
+    ids = list(ids)
+    if pad_id is not None and pad_id in ids:
+        ids = ids[: ids.index(pad_id)]
+    if eos_id is not None and eos_id in ids:
+        ids = ids[: ids.index(eos_id) + 1]
+    return ids
+
+
+def completion_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], tokenizer
+                     ) -> dict[str, torch.Tensor]:
+    """Right-padded ``[prompt ; completion]`` rows with ``score_mask`` on every kept completion token."""
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id
+    rows = [trim_completion(c, eos, pad) for c in completion_ids]
+    return build_scoring_batch(prompt_ids, rows, pad, drop_last=False)
+
+
+class MAGRPOModule(L.LightningModule):
+    """MAGRPO / MAREINFORCE / MARLOO / MAReMax (``args.advantage_mode``) as one LightningModule.
+
+    Args:
+        agent_model: one hub id / local path / ``embedded:tiny`` for homogeneous agents.
+        agents: a list of ids, paths or model objects (overrides ``agent_model``).
+        tokenizer: one tokenizer or one per agent (required with model objects).
+        model_config: load kwargs (``dtype``, ``attn_implementation``, ``model_kwargs``, ``special_tokens``).
+        lora: peft LoraConfig kwargs; one frozen base shared by all agents, one adapter per agent.
+        args: the :class:`~comlrl_lightning.config_rl.MAGRPOConfig` (or a subclass config).
+        optimizer: optimizer factory per agent (default AdamW with ``agent_learning_rate``).
+        lr_scheduler: optional scheduler factory per agent (stepped after each optimizer step).
+
+    The task (items, formatters, reward, transition) comes from the datamodule
+    (:class:`~comlrl_lightning.data.tasks_dm.TaskDataModule`).
+    """
+
+    algorithm_name = "MAGRPO"
+
+    def __init__(
+        self,
+        agent_model: str | None = TINY_MODEL_NAME,
+        agents: Sequence[Any] | None = None,
+        tokenizer: Any = None,
+        model_config: dict | None = None,
+        lora: dict | None = None,
+        args: MAGRPOConfig | None = None,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
+    ):
+        super().__init__()
+        self.automatic_optimization = False
+        self.args = args if args is not None else MAGRPOConfig()
+        self.save_hyperparameters(ignore=["agents", "tokenizer", "optimizer", "lr_scheduler"])
+        self.team: AgentTeam = build_agents(
+            agent_model=agent_model if agents is None else None, agents=agents, num_agents=self.args.num_agents,
+            tokenizer=tokenizer, model_config=model_config, lora=lora,
+        )
+        if self.team.num_agents != self.args.num_agents:
+            raise ValueError(f"args.num_agents={self.args.num_agents} but {self.team.num_agents} agents were given.")
+        self.models = torch.nn.ModuleList(self.team.unique_models())
+        # Built from the initial weights, before any checkpoint is restored (references stay the initial policy).
+        self.reference = (ReferencePolicies(self.team, self.args.reference_devices)
+                          if self.args.reference_kl_enabled else None)
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = lr_scheduler
+        n = self.team.num_agents
+        self.streams = [SamplingStream(self.args.seed * 1_000_003 + 7919 * i + 17) for i in range(n)]
+        self.shuffle_rng = random.Random(self.args.seed)
+        self.buffers: list[list[NodeSample]] = [[] for _ in range(n)]
+        self.env_step = 0
+        self.updates_seen = 0
+        self.optimizer_steps = 0
+        self._last_logged_step: int | None = None
+
+    # --- small interface used by callbacks ---------------------------------------------------------------
+    def sampling_settings(self) -> SamplingSettings:
+        a = self.args
+        return SamplingSettings(a.max_new_tokens, a.temperature, a.top_p, a.top_k)
+
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if dm is None:
+            return
+        for attr in ("formatters", "oracle"):
+            if not hasattr(dm, attr):
+                raise ValueError(f"{type(self).__name__} needs a datamodule with `{attr}` (use TaskDataModule); "
+                                 f"got {type(dm).__name__}.")
+        check_transition(self.args, getattr(dm, "external_transition", None), self.algorithm_name)
+
+    def on_fit_start(self) -> None:
+        for m in self.team.unique_models():
+            m.train()
+
+    def configure_optimizers(self):
+        optimizers, schedulers = [], []
+        for i in range(self.team.num_agents):
+            params = self.team.parameters_of(i)
+            if not params:
+                raise ValueError(f"Agent {i} has no trainable parameters.")
+            opt = (self.optimizer_factory(params) if self.optimizer_factory is not None
+                   else torch.optim.AdamW(params, lr=self.args.agent_learning_rate))
+            optimizers.append(opt)
+            if self.scheduler_factory is not None:
+                schedulers.append(self.scheduler_factory(opt))
+        return (optimizers, schedulers) if schedulers else optimizers
+
+    # --- rollout -------------------------------------------------------------------------------------------
+    def _sample(self, agent: int, prompt: str, prompt_used: str) -> AgentDraw:
+        k = self.args.num_generations
+        tok = self.team.tokenizers[agent]
+        with self.team.activate(agent) as model:
+            s = sample_completions(model, tok, [prompt], k, self.sampling_settings(), self.streams[agent])
+        draw = AgentDraw(prompt, prompt_used, s.prompt_ids[0], s.completion_ids[0], s.texts[0])
+        if self.reference is not None:
+            draw.kls = self._sequence_kls(agent, draw)
+        return draw
+
+    @torch.no_grad()
+    def _sequence_kls(self, agent: int, draw: AgentDraw) -> list[float]:
+        """k3 KL of each completion against the frozen reference, at generation time (§9)."""
+        k = len(draw.completion_ids)
+        batch = completion_batch([draw.prompt_ids] * k, draw.completion_ids, self.team.tokenizers[agent])
+        batch = {key: v.to(self.device) for key, v in batch.items()}
+        with self.team.activate(agent) as model:
+            was_training = model.training
+            model.eval()
+            try:
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                               use_cache=False).logits
+            finally:
+                model.train(was_training)
+        policy = token_logps(logits, batch["input_ids"])
+        ref = self.reference.token_logps(agent, batch)
+        return sequence_kl(policy, ref, batch["score_mask"]).tolist()
+
+    def rollout(self, item: dict, index: Any, formatters: Sequence, oracle: Any, transition: Any = None,
+                prompt_field: str = "prompt"):
+        """Build the tree of one item; returns (root, node samples) and advances ``env_step``."""
+        a = self.args
+        n = self.team.num_agents
+        turn0 = [p[0] for p in format_prompts([item], formatters, offset=index if isinstance(index, int) else 0,
+                                             prompt_field=prompt_field)]
+
+        def reward(prompts, texts, turn, path):
+            processed, _ = oracle.score(prompts, texts, item, f"{index} (turn {turn + 1}, branch {list(path)})")
+            return processed
+
+        def step(texts, p_hist, r_hist, turn, path):
+            ext = call_transition(transition, item.get(prompt_field, ""), texts, n, p_hist, r_hist,
+                                  turn=turn, branch=list(path))
+            formatted = next_prompts(ext, item, formatters, a.external_prompt_passthrough, prompt_field)
+            return list(zip(formatted, ext))
+
+        root, self.env_step = build_tree(
+            n, a.num_generations, a.num_turns, a.joint_mode, [(p, p) for p in turn0],
+            sample=lambda agent, turn, prompt, used: self._sample(agent, prompt, used),
+            reward=reward, transition=step if transition is not None else None,
+            early_termination_threshold=a.early_termination_threshold, env_step=self.env_step,
+        )
+        coef = a.reference_kl_coef if a.reference_kl_enabled else 0.0
+        return root, node_samples(root, n, a.num_generations, a.advantage_mode, a.advantage_normalization, coef)
+
+    # --- training ------------------------------------------------------------------------------------------
+    def training_step(self, batch: list[tuple[int, dict]], batch_idx: int) -> None:
+        dm = self.trainer.datamodule
+        losses = []
+        for index, item in batch:
+            _, samples = self.rollout(item, index, dm.formatters, dm.oracle, getattr(dm, "external_transition", None),
+                                      getattr(dm, "prompt_field", "prompt"))
+            # §2.9: group by node env_step (pre-order), agents in index order; drain ready agents per group.
+            for _, group in itertools.groupby(samples, key=lambda s: s.env_step):
+                ready = []
+                for s in group:
+                    self.buffers[s.agent].append(s)
+                    if len(self.buffers[s.agent]) >= self.args.rollout_buffer_size and s.agent not in ready:
+                        ready.append(s.agent)
+                for agent in ready:
+                    losses += self.drain(agent)
+            self.updates_seen += 1
+        if batch_idx + 1 >= self.trainer.num_training_batches:
+            losses += self.flush()
+        if losses:
+            self.log("loss", sum(losses) / len(losses), prog_bar=True, logger=False, batch_size=1)
+        self.log("env_step", float(self.env_step), prog_bar=True, logger=False, batch_size=1)
+
+    def on_train_epoch_end(self) -> None:
+        self.flush()  # normally empty already: the last training_step of the epoch flushes
+
+    def flush(self) -> list[float]:
+        """Drain every non-empty buffer (end of epoch)."""
+        losses = []
+        for agent in range(self.team.num_agents):
+            if self.buffers[agent]:
+                losses += self.drain(agent)
+        return losses
+
+    def drain(self, agent: int) -> list[float]:
+        """Update ``agent`` on its buffer: per turn (ascending), shuffled minibatches of train_batch_size."""
+        samples, self.buffers[agent] = self.buffers[agent], []
+        by_turn: dict[int, list[NodeSample]] = defaultdict(list)
+        for s in samples:
+            by_turn[s.turn].append(s)
+        losses = []
+        for turn in sorted(by_turn):
+            group = by_turn[turn]
+            self.shuffle_rng.shuffle(group)
+            size = self.args.train_batch_size
+            group_losses = [self._update(agent, group[i:i + size]) for i in range(0, len(group), size)]
+            losses += group_losses
+            self._log_group(agent, turn, group, group_losses)
+        return losses
+
+    def _optimizer(self, agent: int):
+        opts = self.optimizers()
+        return opts[agent] if isinstance(opts, list) else opts
+
+    def minibatch_loss(self, agent: int, minibatch: Sequence[NodeSample]) -> torch.Tensor:
+        """Mean over the node samples of their policy-gradient loss; one forward for all their rows."""
+        prompts = [s.prompt_ids for s in minibatch for _ in s.completion_ids]
+        comps = [c for s in minibatch for c in s.completion_ids]
+        batch = completion_batch(prompts, comps, self.team.tokenizers[agent])
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        with self.team.activate(agent) as model:
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           use_cache=False).logits
+        logps = token_logps(logits, batch["input_ids"])
+        mask = batch["score_mask"].bool()
+        total = logps.new_zeros(())
+        row = 0
+        for s in minibatch:
+            k = len(s.completion_ids)
+            adv = torch.tensor(s.advantages, dtype=logps.dtype, device=logps.device)
+            total = total + policy_gradient_loss(logps[row:row + k], mask[row:row + k], adv)
+            row += k
+        return total / len(minibatch)
+
+    def _update(self, agent: int, minibatch: Sequence[NodeSample]) -> float:
+        opt = self._optimizer(agent)
+        opt.zero_grad(set_to_none=True)
+        loss = self.minibatch_loss(agent, minibatch)
+        if not torch.isfinite(loss.detach()):
+            raise FloatingPointError(
+                f"{self.algorithm_name} loss of agent {agent} is {loss.item()} on a minibatch of turn "
+                f"{minibatch[0].turn + 1} (env_step {minibatch[0].env_step}). Lower agent_learning_rate or check "
+                "the rewards.")
+        self.manual_backward(loss)
+        opt.step()
+        schedulers = self.lr_schedulers()
+        if schedulers is not None:
+            sched = schedulers if isinstance(schedulers, list) else [schedulers]
+            if agent < len(sched):
+                sched[agent].step()
+        self.optimizer_steps += 1
+        return float(loss.detach())
+
+    def _log_group(self, agent: int, turn: int, group: Sequence[NodeSample], losses: Sequence[float]) -> None:
+        """One entry per (agent, turn group) per drain, gated by ``logging_steps`` on env_step (§10.1)."""
+        step = max(s.env_step for s in group)
+        gate = self.args.logging_steps
+        if not (gate <= 1 or self._last_logged_step is None or step - self._last_logged_step >= gate):
+            return
+        self._last_logged_step = step
+        t = turn + 1
+        lengths = [len(trim_completion(c, self.team.tokenizers[agent].eos_token_id,
+                                       self.team.tokenizers[agent].pad_token_id))
+                   for s in group for c in s.completion_ids]
+        metrics = {
+            f"turn_{t}/reward_mean": _mean([s.node_mean_reward for s in group]),
+            f"turn_{t}/expected_return": _mean([s.node_mean_return for s in group]),
+            f"train/agent{agent}/reward_std": _mean([s.reward_std for s in group]),
+            f"train/agent{agent}/completions/mean_length": _mean(lengths),
+            f"train/agent{agent}/loss": _mean(losses),
+            "train/loss": _mean(losses),
+            "env_step": float(self.env_step),
+        }
+        if self.reference is not None:
+            kls = [k for s in group for k in (s.kls or [])]
+            kl = _mean(kls) if kls else 0.0
+            metrics[f"train/agent{agent}/kl"] = kl
+            metrics[f"turn_{t}/reference_kl_mean"] = kl
+            metrics[f"turn_{t}/reference_kl_penalty_mean"] = self.args.reference_kl_coef * kl
+        if self._trainer is not None:
+            log_metrics(self.trainer, metrics)
+
+    # --- checkpoint ----------------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["comlrl_progress"] = {
+            "env_step": self.env_step, "updates_seen": self.updates_seen, "optimizer_steps": self.optimizer_steps,
+            "streams": [s.state_dict() for s in self.streams], "shuffle_rng": list(self.shuffle_rng.getstate()),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        progress = checkpoint.get("comlrl_progress", {})
+        self.env_step = int(progress.get("env_step", 0))
+        self.updates_seen = int(progress.get("updates_seen", 0))
+        self.optimizer_steps = int(progress.get("optimizer_steps", 0))
+        for s, state in zip(self.streams, progress.get("streams", [])):
+            s.load_state_dict(state)
+        if "shuffle_rng" in progress:
+            version, internal, gauss = progress["shuffle_rng"]
+            self.shuffle_rng.setstate((version, tuple(internal), gauss))
+
+    def save_agents(self, output_dir: str) -> list[str]:
+        """Write ``output_dir/agent_{i}/`` per agent (model + tokenizer, or the LoRA adapter)."""
+        return self.team.save(output_dir)
+
+
+def check_transition(args: Any, transition: Any, algorithm: str = "MAGRPO") -> None:
+    """Multi-turn needs an external transition (spec §5); raise the upstream message otherwise."""
+    if args.num_turns > 1 and transition is None:
+        raise ValueError(f"Multi-turn {algorithm} requires an external_transition (num_turns={args.num_turns}). "
+                         "Pass external_transition= (e.g. comlrl_lightning.multiturn.transitions.plain_transition) "
+                         "or set num_turns=1.")
+    if transition is not None and not callable(transition):
+        raise ValueError(f"external_transition must be a callable; got {type(transition).__name__}.")
+
+
+def _mean(values: Sequence[float]) -> float:
+    values = list(values)
+    return float(sum(values) / len(values)) if values else 0.0

@@ -1,0 +1,303 @@
+"""JointRewardModel: a causal-LM backbone with a scalar head, trained on preference pairs (spec §8).
+
+The backbone is the base model of ``AutoModelForCausalLM`` (the LM head is dropped: only the last layer's
+hidden states are needed). The head is ``Linear(hidden_size, 1)`` with bias and PyTorch's default init, in
+the backbone's dtype. A row's reward is the head applied to the hidden state at its last non-padding token
+(:func:`~comlrl_lightning.reward_model.last_token_pool`), so left- and right-padded batches give the same
+scores. Position ids are derived from the attention mask when the backbone accepts them, so a text scores
+the same alone or padded in a batch, also for absolute-position backbones.
+
+Training is plain automatic optimization: per batch of B pairs one forward over the 2B joint texts
+(chosen rows then rejected rows, as in the collate of
+:class:`~comlrl_lightning.data.reward_pairs.RewardPairDataModule`), the Bradley–Terry loss
+``mean_b −log σ(r_chosen,b − r_rejected,b)``, one AdamW step (lr ``reward_learning_rate``) per batch.
+
+Fresh model per round (MARLHFIter, spec §8.3): :meth:`JointRewardModel.fresh` builds a new module from the
+same source (reloaded from disk, or a new deep copy of the pristine model object) with a new head;
+:meth:`JointRewardModel.reinitialize` does the same in place. Nothing is shared with the trained model, and
+a new ``Trainer.fit`` creates a new optimizer.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor, nn
+
+from comlrl_lightning.agents import load_model, load_tokenizer, prepare_tokenizer
+from comlrl_lightning.losses import bradley_terry_loss, bradley_terry_stats
+from comlrl_lightning.reward_model import (
+    RewardModelOptions,
+    check_prompt_part_fits,
+    encode_joint_texts,
+    infer_hidden_size,
+    joint_reward_text,
+    last_token_pool,
+    resolve_max_length,
+)
+
+
+def _base_model(model: nn.Module) -> nn.Module:
+    """The transformer under a causal-LM head (``model.base_model``); a base model is returned as is."""
+    base = getattr(model, "base_model", None)
+    return base if isinstance(base, nn.Module) else model
+
+
+class JointRewardModel(L.LightningModule):
+    """Scalar reward of a joint multi-agent response (spec preference.md §8).
+
+    Args:
+        model: the backbone source: a hub id, a local folder, ``embedded:tiny``, or a model object (a causal
+            LM or its base model; it is deep-copied, the caller's object is never trained). None uses
+            ``args.reward_model_name``.
+        tokenizer: the tokenizer (required with a model object; loaded from the source otherwise). Without a
+            pad token it pads with EOS; with neither it is an error.
+        args: :class:`~comlrl_lightning.reward_model.RewardModelOptions`.
+        model_config: load kwargs (``dtype``, ``attn_implementation``, ``model_kwargs``) for string sources.
+        lora: peft ``LoraConfig`` kwargs; the backbone gets a LoRA adapter and only adapter + head train.
+        seed: when set, the head (and LoRA) init uses this seed, so two builds with the same seed are equal;
+            None draws from the global torch RNG (``seed_everything``).
+
+    Metrics: ``train/reward_model/{loss,accuracy,margin}`` per step, ``val/reward_model/{loss,accuracy,margin}``
+    per epoch when the datamodule has eval pairs.
+    """
+
+    def __init__(
+        self,
+        model: str | nn.Module | None = None,
+        tokenizer: Any = None,
+        args: RewardModelOptions | None = None,
+        model_config: dict | None = None,
+        lora: dict | None = None,
+        seed: int | None = None,
+    ):
+        super().__init__()
+        self.args = args if args is not None else RewardModelOptions()
+        if not isinstance(self.args, RewardModelOptions):
+            raise ValueError(f"args must be a RewardModelOptions; got {type(self.args).__name__}.")
+        source = model if model is not None else self.args.reward_model_name
+        if source is None:
+            raise ValueError(
+                "reward_model_name must be provided: pass model= (a hub id, a local folder, 'embedded:tiny' or a "
+                "model object with its tokenizer) or set args.reward_model_name."
+            )
+        if not isinstance(source, (str, nn.Module)):
+            raise ValueError(f"model must be a model name/path or a torch module; got {type(source).__name__}.")
+        if lora is not None and self.args.reward_freeze_backbone:
+            raise ValueError(
+                "reward_freeze_backbone=True cannot be combined with lora: a frozen backbone trains only the "
+                "head, a LoRA backbone trains its adapter and the head. Drop one of the two."
+            )
+        if isinstance(source, str):
+            self.save_hyperparameters(ignore=["tokenizer"])
+        else:
+            self.save_hyperparameters(ignore=["model", "tokenizer"])
+        # Kept in a tuple so that Lightning does not register the pristine object as a submodule.
+        self._source: tuple[str | nn.Module] = (source,)
+        self._model_config = model_config
+        self._lora = dict(lora) if lora is not None else None
+        self._seed = seed
+        if tokenizer is None:
+            if not isinstance(source, str):
+                raise ValueError("A tokenizer must be provided when the reward model is a model object.")
+            tokenizer = load_tokenizer(source)
+        self.tokenizer = prepare_tokenizer(tokenizer)
+        self.backbone, self.head = self._build(seed)
+
+    # --- construction ------------------------------------------------------------------------------------
+    def _build(self, seed: int | None) -> tuple[nn.Module, nn.Linear]:
+        source = self._source[0]
+        if isinstance(source, str):
+            backbone = _base_model(load_model(source, self._model_config))
+        else:
+            backbone = _base_model(copy.deepcopy(source))
+        hidden = infer_hidden_size(getattr(backbone, "config", None))
+        ref = next(backbone.parameters(), None)
+        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            if self._lora is not None:
+                from peft import LoraConfig, get_peft_model
+
+                backbone = get_peft_model(backbone, LoraConfig(**self._lora))
+            head = nn.Linear(hidden, 1)
+        if ref is not None:
+            head = head.to(device=ref.device, dtype=ref.dtype)
+        if self.args.reward_freeze_backbone:
+            backbone.requires_grad_(False)
+        backbone.train()
+        return backbone, head
+
+    def fresh(self, seed: int | None = None) -> JointRewardModel:
+        """A brand-new model from the same source and options (new backbone, new head, no shared tensors).
+
+        ``seed`` defaults to this model's ``seed``; with the same seed the result equals this model as it
+        was first built.
+        """
+        return JointRewardModel(
+            self._source[0], self.tokenizer, copy.deepcopy(self.args), copy.deepcopy(self._model_config),
+            copy.deepcopy(self._lora), self._seed if seed is None else seed,
+        ).to(self.device)
+
+    def reinitialize(self, seed: int | None = None) -> None:
+        """Replace backbone and head in place by freshly built ones (see :meth:`fresh`).
+
+        Call it between fits: a new ``Trainer.fit`` then builds a new optimizer over the new parameters.
+        """
+        if self._trainer is not None and self.trainer.training:
+            raise RuntimeError("JointRewardModel.reinitialize() cannot run during Trainer.fit; call it between fits.")
+        self.backbone, self.head = self._build(self._seed if seed is None else seed)
+        self.to(self.device)
+
+    @property
+    def max_length(self) -> int | None:
+        """Truncation length: ``reward_max_length``, else the tokenizer's, else the backbone's positions."""
+        fallback = getattr(getattr(self.backbone, "config", None), "max_position_embeddings", None)
+        return resolve_max_length(self.tokenizer, self.args.reward_max_length, fallback)
+
+    # --- scoring -----------------------------------------------------------------------------------------
+    def _accepts_position_ids(self) -> bool:
+        target = self.backbone.get_base_model() if hasattr(self.backbone, "get_base_model") else self.backbone
+        try:
+            return "position_ids" in inspect.signature(target.forward).parameters
+        except (TypeError, ValueError):
+            return False
+
+    def forward(self, batch: Sequence[str] | dict[str, Tensor]) -> Tensor:
+        """Rewards of joint texts (tokenized here) or of a tokenized batch.
+
+        Args:
+            batch: a list of B texts, or a dict with ``input_ids`` and ``attention_mask`` ``[B, T]``.
+
+        Returns:
+            ``[B]`` rewards (with grad in training).
+        """
+        if isinstance(batch, str):
+            raise TypeError("JointRewardModel expects a list of texts (or a tokenized batch), not one string.")
+        if not isinstance(batch, dict):
+            batch = encode_joint_texts(self.tokenizer, list(batch), self.max_length)
+        input_ids = batch["input_ids"].to(self.device)
+        mask = batch["attention_mask"].to(self.device)
+        kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": mask, "use_cache": False}
+        if self._accepts_position_ids():
+            kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        frozen = not any(p.requires_grad for p in self.backbone.parameters())
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
+            out = self.backbone(**kwargs)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        return self.head(last_token_pool(hidden, mask)).squeeze(-1)
+
+    @torch.no_grad()
+    def score(
+        self,
+        prompts_per_pair: Sequence[Sequence[str]],
+        completions_per_pair: Sequence[Sequence[str]],
+        batch_size: int = 16,
+    ) -> list[float]:
+        """Rewards of joint responses (spec §8.4-8.5): entry j scores ``completions_per_pair[j]`` given
+        ``prompts_per_pair[j]`` (one text per agent), in eval mode and without grad. The training mode is
+        restored afterwards.
+
+        Raises ValueError when the lists differ in length or ``reward_max_length`` leaves no room for the
+        responses of a sample (see :func:`~comlrl_lightning.reward_model.check_prompt_part_fits`).
+        """
+        if len(prompts_per_pair) != len(completions_per_pair):
+            raise ValueError(
+                f"score got {len(prompts_per_pair)} prompt lists but {len(completions_per_pair)} completion "
+                "lists; pass one of each per joint response."
+            )
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1; got {batch_size}.")
+        max_length = self.max_length
+        checked: set[tuple[str, ...]] = set()
+        texts = []
+        for j, (prompts, comps) in enumerate(zip(prompts_per_pair, completions_per_pair)):
+            if isinstance(prompts, str) or isinstance(comps, str):
+                raise TypeError(f"joint response {j}: prompts and completions must be lists (one text per agent).")
+            n = max(len(prompts), len(comps))
+            key = (str(n), *map(str, prompts))
+            if key not in checked:  # RL samples of one item share prompts: check each prompt set once
+                check_prompt_part_fits(self.tokenizer, prompts, n, max_length, f"joint response {j}")
+                checked.add(key)
+            texts.append(joint_reward_text(prompts, comps))
+        was_training = self.training
+        self.eval()
+        try:
+            out: list[float] = []
+            for start in range(0, len(texts), batch_size):
+                out.extend(self(texts[start:start + batch_size]).float().cpu().tolist())
+        finally:
+            self.train(was_training)
+        return out
+
+    # --- training ----------------------------------------------------------------------------------------
+    def _pair_step(self, batch: dict[str, Any], stage: str) -> Tensor:
+        b = int(batch["pair_index"].numel())
+        rewards = self(batch)
+        chosen, rejected = rewards[:b], rewards[b:]
+        per_pair = bradley_terry_loss(chosen, rejected)
+        if not torch.isfinite(per_pair.detach()).all():
+            bad = ~torch.isfinite(per_pair.detach().cpu())
+            raise FloatingPointError(
+                f"Reward-model loss is not finite for {stage} pair(s) {batch['pair_index'][bad].tolist()} "
+                f"(rewards chosen {chosen.detach()[bad].tolist()}, rejected {rejected.detach()[bad].tolist()}). "
+                "Lower reward_learning_rate or check those pairs."
+            )
+        loss = per_pair.mean()
+        stats = bradley_terry_stats(chosen, rejected)
+        on_step = stage == "train"
+        self.log_dict(
+            {f"{stage}/reward_model/loss": loss.detach(), f"{stage}/reward_model/accuracy": stats["accuracy"],
+             f"{stage}/reward_model/margin": stats["margin"]},
+            batch_size=b, on_step=on_step, on_epoch=not on_step, prog_bar=False,
+        )
+        return loss
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        return self._pair_step(batch, "train")
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        return self._pair_step(batch, "val")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        params = [p for p in self.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("JointRewardModel has no trainable parameters.")
+        return torch.optim.AdamW(params, lr=self.args.reward_learning_rate)
+
+    def on_fit_start(self) -> None:
+        t = self.trainer
+        if t.max_steps == -1 and t.max_epochs != self.args.reward_num_train_epochs:
+            rank_zero_warn(
+                f"Trainer max_epochs={t.max_epochs} differs from reward_num_train_epochs="
+                f"{self.args.reward_num_train_epochs}; the Trainer's value is used. Pass "
+                "max_epochs=args.reward_num_train_epochs (or use fit_reward_model) to follow the option."
+            )
+
+
+def fit_reward_model(
+    model: JointRewardModel,
+    train_pairs: Any,
+    eval_pairs: Any = None,
+    trainer_kwargs: dict | None = None,
+    **datamodule_kwargs: Any,
+) -> dict[str, float]:
+    """Train ``model`` on pairs for ``reward_num_train_epochs`` epochs; return the final logged metrics.
+
+    ``train_pairs`` / ``eval_pairs``: anything :class:`~comlrl_lightning.data.reward_pairs.RewardPairDataModule`
+    takes. ``trainer_kwargs`` go to ``lightning.Trainer`` (``max_epochs`` defaults to the option). The model
+    is left in eval mode, as upstream leaves it after training.
+    """
+    from comlrl_lightning.data.reward_pairs import RewardPairDataModule
+
+    kwargs = {"max_epochs": model.args.reward_num_train_epochs, **(trainer_kwargs or {})}
+    trainer = L.Trainer(**kwargs)
+    trainer.fit(model, datamodule=RewardPairDataModule(train_pairs, eval_pairs, **datamodule_kwargs))
+    model.eval()
+    return {k: float(v) for k, v in trainer.callback_metrics.items()}

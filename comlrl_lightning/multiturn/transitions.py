@@ -1,0 +1,168 @@
+"""External transitions: the user's callable that turns one turn's completions into next-turn prompts.
+
+A transition is a plain callable with upstream's signature (multiturn.md §5)::
+
+    transition(prompt, agent_completions, num_agents,
+               prompt_history_per_agent=..., response_history_per_agent=...) -> list of N prompt strings
+
+``prompt`` is the item's raw ``prompt`` field; ``agent_completions`` the N completions of the turn just
+generated on this branch; the histories hold, per agent, every prompt used / completion produced along the
+branch up to and including that turn. Nothing else is ever passed: bind extra options with a closure or
+``functools.partial``.
+
+:func:`call_transition` calls it the way upstream does (keywords only) and validates the result;
+:func:`next_prompts` turns the returned strings into the prompts the agents see (§7.3);
+:func:`plain_transition` is a ready-made transition (history + a revise instruction).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+TRANSITION_ARGS = ("prompt", "agent_completions", "num_agents", "prompt_history_per_agent",
+                   "response_history_per_agent")
+
+
+class TransitionError(ValueError):
+    """The external transition failed or returned something other than N prompt strings."""
+
+
+def _accepts_keywords(fn: Callable) -> bool:
+    """True when ``fn`` can take all five arguments by name (upstream calls with keywords only)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return True
+    params = sig.parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return True
+    return all(name in params and params[name].kind is not inspect.Parameter.POSITIONAL_ONLY
+               for name in TRANSITION_ARGS)
+
+
+def call_transition(
+    transition: Callable[..., Sequence[str]],
+    prompt: str,
+    agent_completions: Sequence[str],
+    num_agents: int,
+    prompt_history_per_agent: Sequence[Sequence[str]],
+    response_history_per_agent: Sequence[Sequence[str]],
+    *,
+    turn: int,
+    branch: Any,
+) -> list[str]:
+    """Call ``transition`` with exactly the five arguments of the spec and check its result.
+
+    Like upstream, every argument goes by keyword; a callable whose first three parameters have other names
+    (and no ``**kwargs``) gets ``prompt, agent_completions, num_agents`` positionally instead. ``turn`` (the
+    0-based turn just generated) and ``branch`` (e.g. the joint-action path) only name the call in errors.
+
+    Returns:
+        The N next-turn prompt strings (a new list).
+
+    Raises:
+        TransitionError: the callable raised, or did not return a list/tuple of exactly N strings.
+    """
+    where = f"at turn {turn + 1} (0-based turn {turn}), branch {branch}"
+    completions = list(agent_completions)
+    p_hist = [list(h) for h in prompt_history_per_agent]
+    r_hist = [list(h) for h in response_history_per_agent]
+    try:
+        if _accepts_keywords(transition):
+            result = transition(prompt=prompt, agent_completions=completions, num_agents=num_agents,
+                                prompt_history_per_agent=p_hist, response_history_per_agent=r_hist)
+        else:
+            result = transition(prompt, completions, num_agents, prompt_history_per_agent=p_hist,
+                                response_history_per_agent=r_hist)
+    except TransitionError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised with the turn and branch named
+        raise TransitionError(f"External transition failed {where}: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(result, (list, tuple)):
+        raise TransitionError(
+            f"External transition must return per-agent prompts: a list or tuple of {num_agents} strings; "
+            f"got {type(result).__name__} {where}."
+        )
+    if len(result) != num_agents:
+        raise TransitionError(
+            f"External transition must return per-agent prompts: it returned {len(result)} values but "
+            f"expected {num_agents} (num_agents) {where}."
+        )
+    for a, text in enumerate(result):
+        if not isinstance(text, str):
+            raise TransitionError(
+                f"External transition must return per-agent prompts as strings: element {a} is "
+                f"{type(text).__name__} ({text!r}) {where}."
+            )
+    return list(result)
+
+
+def plain_transition(
+    prompt: str,
+    agent_completions: Sequence[str],
+    num_agents: int,
+    prompt_history_per_agent: Sequence[Sequence[str]] | None = None,
+    response_history_per_agent: Sequence[Sequence[str]] | None = None,
+) -> list[str]:
+    """A ready-made transition: the task, each agent's own earlier responses, the team's last responses,
+    and an instruction to revise (the "plain" mode of the code environment, for any text task).
+
+    The result for agent a is the original (unformatted) ``prompt`` plus a history block, so with
+    formatters on (the default) it goes through agent a's formatter as the item's new ``prompt``.
+    """
+    responses = response_history_per_agent or [[c] for c in agent_completions]
+    out = []
+    for a in range(num_agents):
+        own = list(responses[a]) if a < len(responses) else []
+        lines = [prompt, "", "Your previous responses:"]
+        lines += [f"Turn {t + 1}: {r.strip()}" for t, r in enumerate(own)]
+        others = [f"Agent {b + 1}: {c.strip()}" for b, c in enumerate(agent_completions) if b != a]
+        if others:
+            lines += ["", "Your teammates' latest responses:", *others]
+        lines += ["", "Revise your response."]
+        out.append("\n".join(lines))
+    return out
+
+
+def next_prompts(
+    external: Sequence[str],
+    item: dict,
+    formatters: Sequence[Callable[..., str]],
+    passthrough: bool,
+    prompt_field: str = "prompt",
+) -> list[str]:
+    """The prompts the agents see at a later turn, from the transition's per-agent strings (§7.3).
+
+    With ``passthrough`` the string is the prompt. Otherwise agent a's formatter is applied to a shallow
+    copy of ``item`` whose ``prompt_field`` is the string (and, if the formatter declares an
+    ``external_prompts`` parameter, it also receives the string as ``external_prompts=``). The item itself is
+    never modified.
+    """
+    if passthrough:
+        return list(external)
+    out = []
+    for a, (text, fmt) in enumerate(zip(external, formatters)):
+        copy = dict(item)
+        copy[prompt_field] = text
+        try:
+            formatted = fmt(copy, external_prompts=text) if _declares(fmt, "external_prompts") else fmt(copy)
+        except Exception as exc:  # noqa: BLE001
+            raise ValueError(
+                f"Formatter of agent {a} failed on a transition prompt: {type(exc).__name__}: {exc}. "
+                "Set external_prompt_passthrough=True to use the transition's prompts as they are."
+            ) from exc
+        if not isinstance(formatted, str) or not formatted:
+            raise ValueError(f"Formatter of agent {a} returned {formatted!r} for a transition prompt; prompts "
+                             "must be non-empty strings.")
+        out.append(formatted)
+    return out
+
+
+def _declares(fn: Callable, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params

@@ -1,0 +1,214 @@
+"""The multi-turn MAGRPO rollout tree of one task item (multiturn.md §2.2-2.7).
+
+Each node samples K = ``num_generations`` completions per agent (one ``sample`` call per agent per node),
+forms B joint actions (aligned: B = K, joint action j = the j-th completion of every agent; cross: B = K^N,
+every index tuple in lexicographic order), scores each joint action with ``reward`` (one call each), and,
+unless it is at the last turn or early-terminated, expands one child per joint action through the external
+``transition`` (one call per joint action, with that branch's own histories).
+
+Returns are undiscounted and tree-averaged: R(j) = r(j) + mean over the child's B returns (a leaf: R = r).
+Per agent, the return vector over its own K completions is R itself (aligned) or, in cross mode, the
+**sum** of the joint returns that use each completion (§2.6; ``crossed`` is ``cross`` everywhere).
+Reference KL shapes that vector at its own node only: G'_k = G_k − β·KL_k (§2.7, §9); then the baseline
+and normalisation over the K siblings (:func:`comlrl_lightning.losses.group_advantages`).
+
+The builder is model-free: ``sample``, ``reward`` and ``transition`` are injected callables, so tree shapes
+and call counts can be tested without a model. Call counts per item without early termination (§2.3):
+``sample`` N·Σ_{t<T} B^t, ``reward`` Σ_{t<T} B^{t+1}, ``transition`` Σ_{t<T-1} B^{t+1}, env_step
+advance Σ_{t<T} B^{t+1}.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from comlrl_lightning.losses import group_advantages, kl_penalized_returns
+
+
+@dataclass
+class AgentDraw:
+    """What one agent produced at one node.
+
+    ``prompt`` is the text the agent was prompted with (after the formatter); ``prompt_used`` is what
+    upstream records in the prompt history and passes to the reward (the formatter output at turn 0, the
+    transition's raw string later); ``prompt_ids`` the prompt tokens; ``completion_ids`` K token lists
+    (trimmed at the first pad); ``texts`` K decoded completions; ``kls`` K sequence KLs (None when off).
+    """
+
+    prompt: str
+    prompt_used: str
+    prompt_ids: list[int]
+    completion_ids: list[list[int]]
+    texts: list[str]
+    kls: list[float] | None = None
+
+
+@dataclass
+class Node:
+    """One tree node: the draws of every agent, B joint actions, their rewards, children and returns."""
+
+    turn: int
+    path: tuple[int, ...]
+    draws: list[AgentDraw]
+    joint: list[tuple[int, ...]]
+    rewards: list[float]
+    env_step: int
+    terminated: bool = False
+    children: list[Node] = field(default_factory=list)
+    returns: list[float] = field(default_factory=list)
+
+    @property
+    def mean_reward(self) -> float:
+        return sum(self.rewards) / len(self.rewards)
+
+    @property
+    def mean_return(self) -> float:
+        return sum(self.returns) / len(self.returns)
+
+    def walk(self):
+        """Pre-order traversal (creation order; env_step increases along it)."""
+        yield self
+        for c in self.children:
+            yield from c.walk()
+
+
+@dataclass
+class NodeSample:
+    """One agent's training sample from one node: K completions with their advantages (§2.6)."""
+
+    agent: int
+    turn: int
+    env_step: int
+    prompt_ids: list[int]
+    completion_ids: list[list[int]]
+    returns: list[float]
+    advantages: list[float]
+    kls: list[float] | None
+    node_mean_reward: float
+    node_mean_return: float
+    reward_std: float
+
+
+SampleFn = Callable[[int, int, str, str], AgentDraw]
+"""``sample(agent, turn, prompt, prompt_used) -> AgentDraw`` with K completions (one generate call)."""
+RewardFn = Callable[[list[str], list[str], int, tuple[int, ...]], float]
+"""``reward(prompts, joint_texts, turn, path) -> float``: the processed, checked joint reward."""
+TransitionFn = Callable[[list[str], list[list[str]], list[list[str]], int, tuple], list[tuple[str, str]]]
+"""``transition(joint_texts, prompt_history, response_history, turn, path) -> per agent (prompt, prompt_used)``
+for turn+1: the external transition's strings already resolved through the formatters (§7.3)."""
+
+
+def joint_actions(num_agents: int, k: int, joint_mode: str) -> list[tuple[int, ...]]:
+    """Index tuples of the joint actions of a node: aligned (j, j, ..., j) for j < K; cross: the Cartesian
+    product [0, K)^N in lexicographic order. With one agent both are the K single indices."""
+    if joint_mode == "aligned" or num_agents == 1:
+        return [(j,) * num_agents for j in range(k)]
+    if joint_mode == "cross":
+        return list(itertools.product(range(k), repeat=num_agents))
+    raise ValueError(f"Unsupported joint_mode: {joint_mode!r}. Allowed: aligned, cross.")
+
+
+def build_tree(
+    num_agents: int,
+    num_generations: int,
+    num_turns: int,
+    joint_mode: str,
+    root_prompts: Sequence[tuple[str, str]],
+    sample: SampleFn,
+    reward: RewardFn,
+    transition: TransitionFn | None,
+    early_termination_threshold: float | None = None,
+    env_step: int = 0,
+) -> tuple[Node, int]:
+    """Build the rollout tree of one item, depth-first pre-order; returns (root, new env_step).
+
+    Args:
+        root_prompts: per agent (prompt, prompt_used) at turn 0.
+        sample: see :data:`SampleFn`.
+        reward: see :data:`RewardFn`; receives ``prompts = [agent 0's prompt_used]``.
+        transition: see :data:`TransitionFn` (the histories include the turn just generated; ``path`` is the
+            tuple of joint actions from the root); required when ``num_turns > 1``.
+        early_termination_threshold: stop expanding a node whose mean immediate reward is > this.
+        env_step: the counter before this tree; each node adds B.
+    """
+    if num_turns > 1 and transition is None:
+        raise ValueError("Multi-turn MAGRPO requires an external_transition (num_turns > 1).")
+    joint = joint_actions(num_agents, num_generations, joint_mode)
+    counter = [env_step]
+
+    def build(turn, prompts, p_hist, r_hist, path) -> Node:
+        draws = [sample(a, turn, prompts[a][0], prompts[a][1]) for a in range(num_agents)]
+        for a, d in enumerate(draws):
+            if len(d.texts) != num_generations or len(d.completion_ids) != num_generations:
+                raise ValueError(f"sample returned {len(d.texts)} completions for agent {a}; expected "
+                                 f"num_generations={num_generations}.")
+        used = [d.prompt_used for d in draws]
+        rewards = []
+        for ja in joint:
+            texts = [draws[a].texts[ja[a]] for a in range(num_agents)]
+            rewards.append(float(reward([used[0]], texts, turn, path + (ja,))))
+        counter[0] += len(joint)
+        node = Node(turn=turn, path=path, draws=draws, joint=joint, rewards=rewards, env_step=counter[0])
+        if early_termination_threshold is not None:
+            node.terminated = node.mean_reward > early_termination_threshold
+        if turn < num_turns - 1 and not node.terminated:
+            new_p_hist = [p_hist[a] + [used[a]] for a in range(num_agents)]
+            for j, ja in enumerate(joint):
+                texts = [draws[a].texts[ja[a]] for a in range(num_agents)]
+                new_r_hist = [r_hist[a] + [texts[a]] for a in range(num_agents)]
+                nxt = transition(texts, new_p_hist, new_r_hist, turn, path + (ja,))
+                node.children.append(build(turn + 1, nxt, new_p_hist, new_r_hist, path + (ja,)))
+        node.returns = [r + (node.children[j].mean_return if node.children else 0.0)
+                        for j, r in enumerate(rewards)]
+        return node
+
+    root = build(0, list(root_prompts), [[] for _ in range(num_agents)], [[] for _ in range(num_agents)], ())
+    return root, counter[0]
+
+
+def agent_returns(node: Node, agent: int, num_generations: int) -> list[float]:
+    """G_a over agent a's own K completions (§2.6): the joint returns (aligned) or, in cross mode, for
+    each completion k the **sum** of the returns of the joint actions whose a-component is k. (In aligned
+    mode exactly one joint action uses completion k, so the sum is R(k) itself.)"""
+    out = [0.0] * num_generations
+    for ja, ret in zip(node.joint, node.returns):
+        out[ja[agent]] += ret
+    return out
+
+
+def node_samples(
+    root: Node,
+    num_agents: int,
+    num_generations: int,
+    advantage_mode: str,
+    normalize: bool,
+    kl_coef: float = 0.0,
+) -> list[NodeSample]:
+    """Every node's per-agent samples, in pre-order (ascending env_step), agents in index order."""
+    out = []
+    for node in root.walk():
+        std = _pop_std(node.rewards)
+        for a in range(num_agents):
+            g = agent_returns(node, a, num_generations)
+            shaped = torch.tensor(g, dtype=torch.float64)
+            kls = node.draws[a].kls
+            if kls is not None and kl_coef:
+                shaped = kl_penalized_returns(shaped, kls, kl_coef)
+            adv = group_advantages(shaped, advantage_mode, normalize)
+            d = node.draws[a]
+            out.append(NodeSample(agent=a, turn=node.turn, env_step=node.env_step, prompt_ids=list(d.prompt_ids),
+                                  completion_ids=[list(c) for c in d.completion_ids], returns=g,
+                                  advantages=adv.tolist(), kls=None if kls is None else list(kls),
+                                  node_mean_reward=node.mean_reward, node_mean_return=node.mean_return,
+                                  reward_std=std))
+    return out
+
+
+def _pop_std(values: Sequence[float]) -> float:
+    m = sum(values) / len(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / len(values))

@@ -1,0 +1,134 @@
+"""MAGRPOTrainer, MAREINFORCETrainer, MARLOOTrainer, MAReMaxTrainer: CoMLRL's constructors (spec §8.1) as
+thin facades over :class:`~comlrl_lightning.modules.magrpo.MAGRPOModule` + :class:`TaskDataModule` +
+:class:`~comlrl_lightning.callbacks.TaskRewardEvaluation` + ``lightning.Trainer``.
+
+The subclasses differ only in the default config class (``advantage_mode`` raw / rloo / max).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lightning as L
+
+from comlrl_lightning.callbacks import TaskRewardEvaluation
+from comlrl_lightning.config_rl import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
+from comlrl_lightning.data.tasks_dm import TaskDataModule
+from comlrl_lightning.modules.magrpo import MAGRPOModule, check_transition
+
+
+class MAGRPOTrainer:
+    """Multi-agent GRPO over (multi-turn) rollout trees.
+
+    Args mirror CoMLRL's (spec §8.1): ``agent_model`` or ``agents``, ``num_agents``, ``tokenizer``,
+    ``model_config``, ``train_dataset``, ``eval_dataset``, ``reward_func``, ``reward_processor``,
+    ``formatters``, ``external_transition``, ``args``; plus ``lora``, extra ``callbacks`` and
+    ``trainer_kwargs`` for ``lightning.Trainer``. ``wandb_config`` (a dict with ``project``, ``entity``,
+    ``name``/``run_name``, ``dir``, ``tags``) adds a ``WandbLogger`` unless ``trainer_kwargs`` sets a logger.
+    """
+
+    config_cls: type[MAGRPOConfig] = MAGRPOConfig
+    algorithm_name = "MAGRPO"
+
+    def __init__(
+        self,
+        agent_model: str | None = None,
+        agents: Sequence[Any] | None = None,
+        num_agents: int | None = None,
+        tokenizer: Any = None,
+        model_config: dict | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        reward_func: Callable | None = None,
+        reward_processor: Callable | None = None,
+        formatters: Any = None,
+        external_transition: Callable | None = None,
+        wandb_config: dict | None = None,
+        args: MAGRPOConfig | None = None,
+        lora: dict | None = None,
+        callbacks: Sequence[L.Callback] = (),
+        trainer_kwargs: dict | None = None,
+    ):
+        if agent_model is None and agents is None:
+            raise ValueError("Either agent_model or agents must be provided.")
+        if not callable(reward_func):
+            raise ValueError(f"reward_func must be a callable; got {type(reward_func).__name__}.")
+        if train_dataset is None:
+            raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a local file).")
+        self.args = args if args is not None else self.config_cls()
+        if agents is not None and num_agents is None:
+            self.args.num_agents = len(agents)
+        elif num_agents is not None:
+            self.args.num_agents = num_agents
+        check_transition(self.args, external_transition, self.algorithm_name)
+        self.module = MAGRPOModule(agent_model=agent_model, agents=agents, tokenizer=tokenizer,
+                                   model_config=model_config, lora=lora, args=self.args)
+        self.module.algorithm_name = self.algorithm_name
+        self.datamodule = TaskDataModule(
+            train_dataset=train_dataset, eval_dataset=eval_dataset, reward_func=reward_func,
+            reward_processor=reward_processor, formatters=formatters, external_transition=external_transition,
+            num_agents=self.args.num_agents, seed=self.args.seed,
+        )
+        self.evaluation = TaskRewardEvaluation()
+        kwargs = dict(accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
+                      max_epochs=self.args.num_train_epochs, num_sanity_val_steps=0, log_every_n_steps=1)
+        if wandb_config is not None and "logger" not in (trainer_kwargs or {}):
+            kwargs["logger"] = _wandb_logger(wandb_config, self.args, self.algorithm_name, self.module.team)
+        kwargs.update(trainer_kwargs or {})
+        self.trainer = L.Trainer(callbacks=[self.evaluation, *callbacks], **kwargs)
+
+    @property
+    def team(self):
+        return self.module.team
+
+    def train(self, ckpt_path: str | None = None) -> dict:
+        """Train; returns the final callback metrics as floats."""
+        self.trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt_path)
+        return {k: float(v) for k, v in self.trainer.callback_metrics.items()}
+
+    def save_model(self, output_dir: str) -> list[str]:
+        """Write ``output_dir/agent_{i}/`` for each agent (model + tokenizer, or the LoRA adapter)."""
+        return self.module.save_agents(output_dir)
+
+
+class MAREINFORCETrainer(MAGRPOTrainer):
+    """MAGRPO with ``advantage_mode="raw"`` by default."""
+
+    config_cls = MAREINFORCEConfig
+    algorithm_name = "MAREINFORCE"
+
+
+class MARLOOTrainer(MAGRPOTrainer):
+    """MAGRPO with ``advantage_mode="rloo"`` by default."""
+
+    config_cls = MARLOOConfig
+    algorithm_name = "MARLOO"
+
+
+class MAReMaxTrainer(MAGRPOTrainer):
+    """MAGRPO with ``advantage_mode="max"`` by default."""
+
+    config_cls = MAReMaxConfig
+    algorithm_name = "MAReMax"
+
+
+def _wandb_logger(cfg: dict, args: MAGRPOConfig, algorithm: str, team: Any):
+    from pathlib import Path
+
+    from lightning.pytorch.loggers import WandbLogger
+
+    if cfg.get("dir"):
+        Path(cfg["dir"]).mkdir(parents=True, exist_ok=True)
+    logger = WandbLogger(project=cfg.get("project"), entity=cfg.get("entity"),
+                         name=cfg.get("name") or cfg.get("run_name"), save_dir=cfg.get("dir") or ".",
+                         tags=cfg.get("tags"), id=cfg.get("id"), resume=cfg.get("resume"))
+    run_config = {
+        "model_name": team.names[0], "num_agents": team.num_agents, "num_turns": args.num_turns,
+        "algorithm": algorithm, **{k: getattr(args, k) for k in (
+            "advantage_mode", "advantage_normalization", "reference_kl_enabled", "reference_kl_coef",
+            "reference_devices", "agent_learning_rate", "num_train_epochs", "max_new_tokens", "num_generations")},
+        **dict(cfg.get("config_sections") or {}),
+    }
+    logger.log_hyperparams(run_config)
+    return logger

@@ -1,0 +1,85 @@
+"""Resume from a round-boundary checkpoint equals an uninterrupted run (same pairs, same per-step losses)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from test_iterative_rounds import StepRecorder, iter_args, make_trainer
+
+
+def _args(**kw):
+    return iter_args(num_iterations=3, preference_replay_mode="lambda_decay", preference_replay_lambda=0.8,
+                     preference_replay_sample_size=6, comparator_policy="history", comparator_history_k=1, **kw)
+
+
+def _round_files(root):
+    return {p.name: json.loads(p.read_text()) for p in sorted((root / "preference_replay").glob("iteration_*.json"))}
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir, tmp_path_factory):
+    full_root = tmp_path_factory.mktemp("full")
+    full = StepRecorder()
+    a = make_trainer(tiny_model_dir, full_root, args=_args(), num_items=4, callbacks=[full])
+    a.train()
+
+    root = tmp_path_factory.mktemp("resumed")
+    ckpt = ModelCheckpoint(dirpath=str(root / "ckpt"), filename="round-{epoch}", every_n_epochs=1, save_top_k=-1,
+                           save_on_train_epoch_end=True)
+    first = StepRecorder()
+    b = make_trainer(tiny_model_dir, root, args=_args(), num_items=4, callbacks=[first, ckpt],
+                     trainer_kwargs=dict(max_epochs=2, enable_checkpointing=True))
+    b.train()
+    path = root / "ckpt" / "round-epoch=1.ckpt"
+    second = StepRecorder()
+    c = make_trainer(tiny_model_dir, root, args=_args(), num_items=4, callbacks=[second])
+    c.train(ckpt_path=str(path))
+    return dict(full=full, first=first, second=second, a=a, c=c, full_root=full_root, root=root, ckpt=path)
+
+
+def test_resume_gives_the_same_pairs_and_losses(runs):
+    full, first, second = runs["full"], runs["first"], runs["second"]
+    assert [e for e, _ in full.losses].count(2) > 0
+    assert first.losses + second.losses == full.losses  # bit-identical per-step losses
+    assert {**first.epoch_pairs, **second.epoch_pairs} == full.epoch_pairs
+    assert _round_files(runs["root"]) == _round_files(runs["full_root"])
+    for pa, pc in zip(runs["a"].module.parameters(), runs["c"].module.parameters()):
+        assert torch.equal(pa, pc)
+    assert runs["c"].module.round_index == 2 and runs["c"].module.env_step == runs["a"].module.env_step
+    hist_a = runs["a"].collection.history
+    assert runs["c"].collection.history == hist_a and len(hist_a) == 3
+
+
+def test_checkpoint_holds_round_state_as_plain_types(runs):
+    ckpt = torch.load(runs["ckpt"], weights_only=False)
+    cbs = ckpt["callbacks"]
+    assert cbs["IterativePreferenceCollection"]["next_round"] == 3
+    assert cbs["ComparatorRefresh"]["next_round"] == 3
+    assert set(cbs["HistoryCheckpoint"]["saved"]) == {"initial", "iteration_0000", "iteration_0001"}
+    assert isinstance(cbs["IterativePreferenceCollection"]["comparator"]["streams"][0][0], int)
+    dm = ckpt["IterativePreferenceDataModule"]
+    assert [s["iteration"] for s in dm["replay"]["shards"]] == [1, 2, 3] and len(dm["pairs"]) == 6
+    assert ckpt["comlrl_progress"]["round_index"] == 1
+
+
+def test_missing_replay_file_on_resume_names_the_file(runs, tiny_model_dir, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(runs["root"], root)
+    (root / "preference_replay" / "iteration_0002.json").unlink()
+    ckpt = runs["ckpt"]
+    c = make_trainer(tiny_model_dir, root, args=_args(), num_items=4)
+    with pytest.raises(FileNotFoundError, match="iteration_0002.json"):
+        c.train(ckpt_path=str(ckpt))
+
+
+def test_corrupt_replay_file_on_resume_names_the_file(runs, tiny_model_dir, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(runs["root"], root)
+    (root / "preference_replay" / "iteration_0001.json").write_text("{not json")
+    c = make_trainer(tiny_model_dir, root, args=_args(), num_items=4)
+    with pytest.raises(ValueError, match="iteration_0001.json"):
+        c.train(ckpt_path=str(runs["ckpt"]))

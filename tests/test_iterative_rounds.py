@@ -1,0 +1,157 @@
+"""MADPOIterTrainer rounds as epochs: round files, metrics, empty rounds, setup errors, plain Trainer use.
+
+The small builders at the top are shared by the other ``test_iterative_*`` files.
+"""
+
+from __future__ import annotations
+
+import json
+
+import lightning as L
+import pytest
+from conftest import cpu_trainer_kwargs
+
+from comlrl_lightning.callbacks import (
+    ComparatorRefresh,
+    HistoryCheckpoint,
+    IterativePreferenceCollection,
+    ReplaySelection,
+)
+from comlrl_lightning.config import MADPOIterConfig
+from comlrl_lightning.data.iterative import IterativePreferenceDataModule
+from comlrl_lightning.data.tasks import load_task_items
+from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
+from comlrl_lightning.modules.madpo import MADPOModule
+from comlrl_lightning.preferences import PAIR_FIELDS
+
+
+def task_items(n: int = 6) -> list[dict]:
+    return load_task_items("builtin:cooperative")[:n]
+
+
+def iter_args(**overrides) -> MADPOIterConfig:
+    kw = dict(num_iterations=2, preference_num_candidates=4, preference_pairs_per_sample=2, train_batch_size=4,
+              max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-2,
+              eval_interval=0, eval_num_samples=2, seed=0)
+    kw.update(overrides)
+    return MADPOIterConfig(**kw)
+
+
+def make_trainer(model_dir, root, args=None, num_items: int = 6, reward_func=cooperative_reward, callbacks=(),
+                 trainer_kwargs=None, **kw):
+    from comlrl_lightning.trainers.iterative import MADPOIterTrainer
+
+    tk = cpu_trainer_kwargs(default_root_dir=str(root))
+    tk.update(trainer_kwargs or {})
+    return MADPOIterTrainer(agent_model=str(model_dir), train_dataset=task_items(num_items), eval_dataset=None,
+                            reward_func=reward_func, formatters=FORMATTERS, args=args or iter_args(),
+                            evaluation=False, callbacks=callbacks, trainer_kwargs=tk, **kw)
+
+
+class StepRecorder(L.Callback):
+    """Per-step losses and each epoch's training pairs (as JSON records)."""
+
+    def __init__(self):
+        self.losses: list[tuple[int, float]] = []
+        self.epoch_pairs: dict[int, list[dict]] = {}
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.epoch_pairs[trainer.current_epoch] = [p.to_json() for p in trainer.datamodule.pairs]
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self.losses.append((trainer.current_epoch, float(loss)))
+
+
+def test_two_rounds_write_round_files_and_log_metrics(tiny_model_dir, tmp_path):
+    rec = StepRecorder()
+    tr = make_trainer(tiny_model_dir, tmp_path, callbacks=[rec])
+    metrics = tr.train()
+    assert tr.trainer.max_epochs == 2 and tr.trainer.current_epoch == 2
+    for key in ("round/index", "round/num_pairs", "round/total_pairs", "round/replay_size", "round/win_rate",
+                "round/tie_rate"):
+        assert key in metrics
+    assert metrics["round/index"] == 1
+    hist = tr.collection.history
+    assert [h["round/index"] for h in hist] == [0, 1]
+    for h in hist:
+        assert 0.0 <= h["round/win_rate"] <= 1.0 and 0.0 <= h["round/tie_rate"] <= 1.0
+    replay = tmp_path / "preference_replay"
+    assert sorted(p.name for p in replay.iterdir()) == ["iteration_0001.json", "iteration_0002.json"]
+    total = 0
+    for i, h in enumerate(hist, start=1):
+        data = json.loads((replay / f"iteration_{i:04d}.json").read_text())
+        assert set(data) == {"iteration", "num_pairs", "pairs"}
+        assert data["iteration"] == i and data["num_pairs"] == len(data["pairs"]) == h["round/num_pairs"]
+        total += data["num_pairs"]
+        for rec_ in data["pairs"]:
+            assert set(rec_) == set(PAIR_FIELDS)
+            assert len(rec_["prompts"]) == 2 and len(rec_["raw_rewards"]) == 2
+            assert rec_["target_raw_reward"] is not None and rec_["comparator_raw_reward"] is not None
+            assert rec_["winner_reward"] > rec_["loser_reward"]
+            assert rec_["raw_rewards"] == [rec_["winner_reward"], rec_["loser_reward"]]  # no reward_processor
+            assert {rec_["target_raw_reward"], rec_["comparator_raw_reward"]} == set(rec_["raw_rewards"])
+            assert rec_["prompts"][0].endswith("Answer:") and rec_["prompts"][1].endswith("Elaboration:")
+        # current mode trains exactly on the new pairs, in order
+        assert rec.epoch_pairs[i - 1] == data["pairs"]
+    assert metrics["round/total_pairs"] == total
+    assert tr.module.round_index == 1
+    assert {e for e, _ in rec.losses} == {0, 1}
+
+
+def test_round_with_no_pairs_trains_nothing_and_fit_goes_on(tiny_model_dir, tmp_path):
+    def flat(completions1, completions2):
+        return [1.0] * len(completions1)
+
+    rec = StepRecorder()
+    tr = make_trainer(tiny_model_dir, tmp_path, reward_func=flat, callbacks=[rec])
+    tr.train()
+    assert tr.trainer.current_epoch == 2 and tr.trainer.global_step == 0 and rec.losses == []
+    assert [h["round/tie_rate"] for h in tr.collection.history] == [1.0, 1.0]
+    for i in (1, 2):
+        data = json.loads((tmp_path / "preference_replay" / f"iteration_{i:04d}.json").read_text())
+        assert data == {"iteration": i, "num_pairs": 0, "pairs": []}
+
+
+def _plain_parts(model_dir, tmp_path, args):
+    module = MADPOModule(agent_model=str(model_dir), args=args)
+    dm = IterativePreferenceDataModule(train_dataset=task_items(4), eval_dataset=None, reward_func=cooperative_reward,
+                                       formatters=FORMATTERS, num_agents=2, replay_dir=str(tmp_path / "replay"))
+    return module, dm
+
+
+def test_callbacks_in_a_plain_user_trainer(tiny_model_dir, tmp_path):
+    args = iter_args(num_iterations=2, num_train_epochs=2, preference_replay_mode="all_history",
+                     preference_replay_sample_size=5, policy_checkpoint_dir=str(tmp_path / "snaps"))
+    module, dm = _plain_parts(tiny_model_dir, tmp_path, args)
+    rec = StepRecorder()
+    trainer = L.Trainer(callbacks=[HistoryCheckpoint(), ComparatorRefresh(), IterativePreferenceCollection(),
+                                   ReplaySelection(), rec],
+                        max_epochs=4, reload_dataloaders_every_n_epochs=1,
+                        **cpu_trainer_kwargs(default_root_dir=str(tmp_path)))
+    trainer.fit(module, datamodule=dm)
+    assert sorted(p.name for p in (tmp_path / "replay").glob("iteration_*.json")) == [
+        "iteration_0001.json", "iteration_0002.json"]
+    # two epochs per round: epochs 0,1 train round 0's selection, epochs 2,3 round 1's (5 replayed pairs each)
+    assert rec.epoch_pairs[0] == rec.epoch_pairs[1] and rec.epoch_pairs[2] == rec.epoch_pairs[3]
+    assert len(rec.epoch_pairs[0]) == 5 and len(rec.epoch_pairs[2]) == 5
+    snaps = sorted(p.name for p in (tmp_path / "snaps").iterdir() if not p.name.startswith("."))
+    assert snaps == ["initial", "iteration_0000", "iteration_0001"]
+    assert (tmp_path / "snaps" / "iteration_0001" / "agent_1" / "config.json").is_file()
+    assert module.round_index == 1
+
+
+def test_reload_flag_off_is_a_clear_error(tiny_model_dir, tmp_path):
+    module, dm = _plain_parts(tiny_model_dir, tmp_path, iter_args())
+    trainer = L.Trainer(callbacks=[IterativePreferenceCollection()], max_epochs=2,
+                        **cpu_trainer_kwargs(default_root_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="reload_dataloaders_every_n_epochs=1"):
+        trainer.fit(module, datamodule=dm)
+
+
+def test_misordered_round_callbacks_are_a_clear_error(tiny_model_dir, tmp_path):
+    module, dm = _plain_parts(tiny_model_dir, tmp_path, iter_args())
+    trainer = L.Trainer(callbacks=[ReplaySelection(), IterativePreferenceCollection()], max_epochs=2,
+                        reload_dataloaders_every_n_epochs=1, **cpu_trainer_kwargs(default_root_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="wrong order"):
+        trainer.fit(module, datamodule=dm)
