@@ -262,7 +262,8 @@ def test_save_full_models(tiny_model_dir, tmp_path):
             assert torch.equal(a, b), n
         assert AutoTokenizer.from_pretrained(path).pad_token_id == team.tokenizers[i].pad_token_id
     first = next(iter(team.models[0].state_dict().values()))
-    assert not torch.equal(first, next(iter(AutoModelForCausalLM.from_pretrained(paths[1]).state_dict().values())))
+    other = next(iter(AutoModelForCausalLM.from_pretrained(paths[1]).state_dict().values()))
+    assert not torch.equal(first, other)
 
 
 # --- hub ids offline ----------------------------------------------------------------------------------------

@@ -418,3 +418,25 @@ def test_hub_name_fails_fast_when_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(RuntimeError, match="offline"):
         load_code_problems("openai/openai_humaneval", split="test")
+
+
+def test_expert_edits_through_http_client_on_loopback(monkeypatch):
+    """expert_edits asks a real (loopback) OpenAI-style server through the project's HTTP client."""
+    from fake_llm_server import FakeLLMServer, http_error
+
+    server = FakeLLMServer().start()
+    try:
+        server.texts = lambda protocol, body, i: '{"aux": "Square x.", "main": "Call aux."}'
+        server.enqueue(http_error(500))  # one scripted failure: retried by the client
+        monkeypatch.setenv("EXPERT_TEST_KEY", "sk-dummy-expert-key")
+        t = make_code_transition("expert_edits", problems=[ITEM], expert_url=server.url("openai"),
+                                 expert_model="expert-1", expert_key_env="EXPERT_TEST_KEY")
+        aux_p, main_p = t(ITEM["prompt"], [AUX, MAIN_USES_AUX], 2)
+    finally:
+        server.stop()
+    assert aux_p.endswith("Here is the feedback from an expert:\nSquare x.")
+    assert main_p.endswith("Here is the feedback from an expert:\nCall aux.")
+    bodies = [r.body for r in server.requests]
+    assert len(bodies) == 2 and bodies[-1]["model"] == "expert-1"
+    assert "def aux(x):" in bodies[-1]["messages"][0]["content"]
+    assert server.requests[-1].headers["authorization"] == "Bearer sk-dummy-expert-key"

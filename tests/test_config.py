@@ -31,7 +31,8 @@ ITER_DEFAULTS = {
     "comparator_generation_mode": "decentralized", "comparator_centralized_agent_index": 0,
     "comparator_model_name": None, "comparator_agents": None, "comparator_devices": None,
     "comparator_num_candidates": None, "comparator_history_k": None, "comparator_api_url": None,
-    "comparator_api_format": "generic", "comparator_api_model": None, "comparator_api_max_n_per_request": None,
+    "comparator_api_format": "generic", "comparator_api_model": None,
+    "comparator_api_max_n_per_request": None,
     "comparator_api_timeout": 120.0, "comparator_api_headers": None, "comparator_api_key": None,
     "comparator_api_key_env": None, "comparator_api_key_header": "Authorization",
     "comparator_api_key_prefix": "Bearer", "comparator_api_response_field": "completions",
@@ -84,14 +85,16 @@ BASE_ERRORS = [
     ({"parallel_training": "mp"}, "parallel_training", None,
      "parallel_training='mp' requires explicit agent_devices."),
     ({"reference_kl_coef": -0.5}, "reference_kl_coef", -0.5, "reference_kl_coef must be >= 0."),
-    ({"preference_num_candidates": 1}, "preference_num_candidates", 1, "preference_num_candidates must be >= 2."),
+    ({"preference_num_candidates": 1}, "preference_num_candidates", 1,
+     "preference_num_candidates must be >= 2."),
     ({"preference_pairs_per_sample": 0}, "preference_pairs_per_sample", 0,
      "preference_pairs_per_sample must be >= 1 or null."),
     ({"dpo_beta": 0}, "dpo_beta", 0, "dpo_beta must be > 0."),
     ({"dpo_beta": -0.1}, "dpo_beta", -0.1, "dpo_beta must be > 0."),
     ({"environment_steps_per_pair": 0}, "environment_steps_per_pair", 0,
      "environment_steps_per_pair must be >= 1."),
-    ({"pair_selection": "best"}, "pair_selection", "best", "pair_selection must be one of: reward_gap, all, random."),
+    ({"pair_selection": "best"}, "pair_selection", "best",
+     "pair_selection must be one of: reward_gap, all, random."),
     ({"pair_selection": "comparator_reward"}, "pair_selection", "comparator_reward",
      "pair_selection must be one of: reward_gap, all, random."),
     ({"pair_selection": "all"}, "pair_selection", 16,
@@ -132,7 +135,8 @@ def test_base_validation_errors(cls, kwargs, option, value, opening):
     if opening is not None:
         if cls is MADPOIterConfig:
             opening = opening.replace("MADPO preference", "MADPOIter preference")
-            opening = opening.replace("reward_gap, all, random.", "reward_gap, all, random, comparator_reward.")
+            opening = opening.replace("reward_gap, all, random.",
+                                      "reward_gap, all, random, comparator_reward.")
         assert msg.startswith(opening), msg
 
 
@@ -216,7 +220,8 @@ def test_generation_mode_aliases(alias, canonical):
 @pytest.mark.parametrize(("alias", "canonical"), [
     ("generic", "generic"), ("openai", "openai"), ("openai_chat", "openai"), ("chat", "openai"),
     ("anthropic", "anthropic"), ("anthropic_messages", "anthropic"), ("messages", "anthropic"),
-    ("openai_responses", "openai_responses"), ("responses", "openai_responses"), ("codex", "openai_responses"),
+    ("openai_responses", "openai_responses"), ("responses", "openai_responses"),
+    ("codex", "openai_responses"),
     (" OpenAI ", "openai"),
 ])
 def test_api_format_aliases(alias, canonical):
@@ -243,11 +248,13 @@ ITER_ERRORS = [
     ({"preference_replay_mode": "lambda_decay", "preference_replay_lambda": 0.5, "preference_replay_k": 1},
      "preference_replay_k", 1),
     ({"preference_replay_mode": "lambda_decay"}, "preference_replay_lambda", None),
-    ({"preference_replay_mode": "lambda_decay", "preference_replay_lambda": 1.5}, "preference_replay_lambda", 1.5),
+    ({"preference_replay_mode": "lambda_decay", "preference_replay_lambda": 1.5},
+     "preference_replay_lambda", 1.5),
     ({"preference_replay_mode": "lambda_decay", "preference_replay_lambda": -0.1},
      "preference_replay_lambda", -0.1),
     ({"preference_replay_lambda": 0.5}, "preference_replay_lambda", 0.5),
-    ({"preference_replay_mode": "all_history", "preference_replay_lambda": 0.5}, "preference_replay_lambda", 0.5),
+    ({"preference_replay_mode": "all_history", "preference_replay_lambda": 0.5},
+     "preference_replay_lambda", 0.5),
     ({"preference_replay_mode": "all_history", "preference_replay_sample_size": 0},
      "preference_replay_sample_size", 0),
     ({"comparator_policy": "oracle"}, "comparator_policy", "oracle"),
@@ -294,7 +301,8 @@ def test_valid_iterative_combinations():
         assert MADPOIterConfig(preference_replay_mode="lambda_decay",
                                preference_replay_lambda=lam).preference_replay_lambda == lam
     assert MADPOIterConfig(comparator_policy="history", comparator_history_k=3).comparator_history_k == 3
-    assert MADPOIterConfig(comparator_policy="model", comparator_agents=["a", "b"]).comparator_agents == ["a", "b"]
+    per_role = MADPOIterConfig(comparator_policy="model", comparator_agents=["a", "b"])
+    assert per_role.comparator_agents == ["a", "b"]
     cen = MADPOIterConfig(comparator_policy="model", comparator_generation_mode="centralized",
                           comparator_agents=["a"], comparator_centralized_agent_index=1)
     assert cen.comparator_generation_mode == "centralized"
@@ -312,7 +320,8 @@ def test_valid_iterative_combinations():
     ({"eval_batch_size": 0, "rollout_buffer_size": 0}, "rollout_buffer_size must be >= 1."),
     ({"preference_num_candidates": 1, "num_turns": 2}, "MADPO"),
     ({"dpo_beta": 0, "preference_pairs_per_sample": 0}, "preference_pairs_per_sample must be >= 1 or null."),
-    ({"pair_selection": "bogus", "environment_steps_per_pair": 0}, "environment_steps_per_pair must be >= 1."),
+    ({"pair_selection": "bogus", "environment_steps_per_pair": 0},
+     "environment_steps_per_pair must be >= 1."),
     ({"num_iterations": 0, "dpo_beta": 0}, "dpo_beta must be > 0."),
     ({"preference_replay_mode": "bogus", "num_iterations": 0}, "num_iterations must be >= 1."),
     ({"comparator_policy": "bogus", "preference_replay_mode": "nearest_k"},

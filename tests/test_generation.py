@@ -113,7 +113,8 @@ def test_seeded_streams(model_and_tok):
     assert first.completion_ids != second.completion_ids
     replay = SamplingStream(0)
     replay.load_state_dict(state)
-    assert sample_completions(model, tok, PROMPTS, 4, SETTINGS, replay).completion_ids == second.completion_ids
+    again = sample_completions(model, tok, PROMPTS, 4, SETTINGS, replay)
+    assert again.completion_ids == second.completion_ids
 
 
 def test_global_rng_untouched(model_and_tok):

@@ -25,7 +25,8 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _run(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+def _run(args: list[str], cwd: Path, env: dict[str, str],
+         timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -69,7 +70,8 @@ def test_wheel_contains_real_callback_files_and_data(built):
 
         data = "comlrl_lightning/envs/data/cooperative_length.jsonl"
         assert data in infos
-        assert whl.read(data) == (src / "comlrl_lightning" / "envs" / "data" / "cooperative_length.jsonl").read_bytes()
+        shipped = src / "comlrl_lightning" / "envs" / "data" / "cooperative_length.jsonl"
+        assert whl.read(data) == shipped.read_bytes()
 
         (entry_points,) = [n for n in infos if n.endswith(".dist-info/entry_points.txt")]
         text = whl.read(entry_points).decode()
@@ -82,7 +84,8 @@ def test_installed_wheel_imports_and_runs_outside_the_repo(built):
     """One interpreter (imports are slow): the modules come from the wheel, and its CLI answers --help."""
     site = built["site"]
     code = (
-        "import json, comlrl_lightning, comlrl_lightning.callbacks as cb, comlrl_lightning.envs.cooperative as coop\n"
+        "import json, comlrl_lightning, comlrl_lightning.callbacks as cb\n"
+        "import comlrl_lightning.envs.cooperative as coop\n"
         "from comlrl_lightning.callbacks import PreferenceCollection, TaskRewardEvaluation, ExportAgents\n"
         "import comlrl_lightning.data.tasks, comlrl_lightning.agents, comlrl_lightning.cli as cli\n"
         "print('RESULT:' + json.dumps({'pkg': comlrl_lightning.__file__, 'callbacks': cb.__file__,\n"

@@ -1,4 +1,4 @@
-"""Pair selection on the spec's worked examples (§3.4, §3.5), the pair record (§3.7), offline pair building."""
+"""Pair selection on the spec's worked examples (§3.4, §3.5), the pair record (§3.7), offline pairs."""
 
 from __future__ import annotations
 
@@ -89,7 +89,8 @@ def test_iterative_comparator_reward_spec_example():
 
 
 def test_iterative_reward_gap_spec_example():
-    assert select_iterative_pairs(C, P, "reward_gap", 3) == [(5, "current"), (0, "current"), (2, "comparator")]
+    expected = [(5, "current"), (0, "current"), (2, "comparator")]
+    assert select_iterative_pairs(C, P, "reward_gap", 3) == expected
     assert [j for j, _ in select_iterative_pairs(C, P, "reward_gap", None)] == [5, 0, 2, 3, 4]
 
 
@@ -104,7 +105,8 @@ def test_iterative_random(seed):
     assert len(got) == 3 and len({j for j, _ in got}) == 3
     for j, w in got:
         assert WINNERS[j] == w
-    assert sorted(select_iterative_pairs(C, P, "random", None, random.Random(seed))) == sorted(WINNERS.items())
+    everything = select_iterative_pairs(C, P, "random", None, random.Random(seed))
+    assert sorted(everything) == sorted(WINNERS.items())
 
 
 def test_iterative_index_aligned_only():
@@ -234,8 +236,8 @@ def test_build_offline_pairs_all_mode_keeps_every_untied_pair():
     def score(prompts, texts, item, index):
         return TABLE[tuple(texts)], 0.0
 
-    pairs, stats = build_offline_pairs([{}, {}], [["a", "b"], ["c", "d"]], [_samples("A"), _samples("B")], score,
-                                       "all", None, random.Random(0))
+    pairs, stats = build_offline_pairs([{}, {}], [["a", "b"], ["c", "d"]], [_samples("A"), _samples("B")],
+                                       score, "all", None, random.Random(0))
     # Item 0 rewards [1, 3, 2]: (1,0), (1,2), (2,0) in (i, j) order.
     assert [(p.winner_completions[0], p.loser_completions[0]) for p in pairs] == [
         ("A01", "A00"), ("A01", "A02"), ("A02", "A00")

@@ -54,7 +54,8 @@ def test_reloads_offline_with_auto_classes(tiny_model_dir):
 
     # The chat template renders ChatML.
     assert tok.chat_template
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                   add_generation_prompt=True)
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
     # Parameter count by hand: vocab 512, hidden 64, 2 layers, 4 heads of 16, 2 kv heads, MLP 256, tied.

@@ -141,8 +141,9 @@ class CodeTransition:
     ``plain``: ``original_prompt_flag`` (False), ``previous_response_flag`` (True).
     ``level_feedback``: ``sandbox_slice`` (1), ``timeout_s`` (10), ``max_timeouts`` (3), plus
     sandbox options (``memory_mb``, ...).
-    ``expert_edits``: ``client`` (required; ``client(messages: list[dict]) -> str``),
-    ``max_retries`` (3).
+    ``expert_edits``: ``client`` (``client(messages: list[dict]) -> str``), or ``expert_url`` with
+    ``expert_model``, ``expert_format`` ("openai", "anthropic", "openai_responses", "generic") and
+    ``expert_key_env`` to use the project's HTTP client; ``max_retries`` (3).
     """
 
     def __init__(
@@ -158,8 +159,17 @@ class CodeTransition:
         previous_response_flag: bool = True,
         client: Callable[[list[dict]], str] | None = None,
         max_retries: int = 3,
+        expert_url: str | None = None,
+        expert_model: str | None = None,
+        expert_format: str = "openai",
+        expert_key_env: str | None = None,
         **sandbox_options,
     ) -> None:
+        if client is None and expert_url:
+            from comlrl_lightning.envs.code.expert import make_expert_client
+
+            client = make_expert_client(expert_url, format=expert_format, model=expert_model,
+                                        key_env=expert_key_env)
         self.mode = normalize_mode(mode)
         self.sandbox_slice = parse_sandbox_slice(sandbox_slice)
         self.timeout_s = float(timeout_s)
@@ -172,8 +182,8 @@ class CodeTransition:
         self.sandbox_options = sandbox_options
         if self.mode == "expert_edits" and not callable(client):
             raise ValueError(
-                "expert_edits mode needs client=<callable(messages: list[dict]) -> str> that queries "
-                "the expert model"
+                "expert_edits mode needs expert_url=<endpoint> (with expert_model/expert_format/"
+                "expert_key_env) or client=<callable(messages: list[dict]) -> str> that queries the expert model"
             )
         if self.max_retries < 1:
             raise ValueError(f"max_retries must be >= 1, got {max_retries!r}")
