@@ -313,6 +313,9 @@ def build_agents(
         peft_model = get_peft_model(base, LoraConfig(**lora_kwargs), adapter_name="agent_0")
         for i in range(1, n):
             peft_model.add_adapter(f"agent_{i}", LoraConfig(**lora_kwargs))
+        for name, p in peft_model.named_parameters():  # every agent's adapter trains, not only the active one
+            if any(f".agent_{i}." in name for i in range(n)):
+                p.requires_grad_(True)
         return AgentTeam([peft_model] * n, tokenizers, [f"agent_{i}" for i in range(n)], [agent_model] * n)
 
     models = []

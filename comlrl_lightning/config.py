@@ -32,6 +32,8 @@ def _normalize_choice(option: str, value: Any, aliases: dict[str, str], default:
     return aliases[key]
 
 
+_SECRET_HEADER_WORDS = ("auth", "key", "token", "secret", "cookie")
+
 JOINT_MODE_ALIASES = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
 
 
@@ -398,6 +400,11 @@ class _IterativePreferenceOptions:
         d = asdict(self)
         if d.get("comparator_api_key"):
             d["comparator_api_key"] = "***"
+        if d.get("comparator_api_headers"):
+            d["comparator_api_headers"] = {
+                k: ("***" if any(w in k.lower() for w in _SECRET_HEADER_WORDS) else v)
+                for k, v in d["comparator_api_headers"].items()
+            }
         return d
 
     def __repr__(self) -> str:  # never show a literal API key

@@ -78,10 +78,12 @@ def call_reward_function(
     first_error: TypeError | None = None
     for args, kwargs in attempts:
         try:
-            return _coerce(fn(*args, **kwargs))
+            value = fn(*args, **kwargs)
         except TypeError as exc:
             if first_error is None:
                 first_error = exc
+            continue
+        return _coerce(value)  # a bad return value is not a signature problem: no retry
     assert first_error is not None
     raise first_error
 
@@ -96,7 +98,7 @@ def _coerce(value: Any) -> list[float]:
     out = []
     for v in value:
         if v is None:
-            raise TypeError("reward value is None")
+            raise ValueError("reward value is None")
         if isinstance(v, torch.Tensor):
             v = v.item()
         out.append(float(v))

@@ -318,7 +318,7 @@ def test_valid_iterative_combinations():
 @pytest.mark.parametrize(("kwargs", "first"), [
     ({"num_agents": 0, "num_train_epochs": 0}, "num_train_epochs must be >= 1."),
     ({"eval_batch_size": 0, "rollout_buffer_size": 0}, "rollout_buffer_size must be >= 1."),
-    ({"preference_num_candidates": 1, "num_turns": 2}, "MADPO"),
+    ({"preference_num_candidates": 1, "num_turns": 2}, "MADPO currently supports num_turns=1 only."),
     ({"dpo_beta": 0, "preference_pairs_per_sample": 0}, "preference_pairs_per_sample must be >= 1 or null."),
     ({"pair_selection": "bogus", "environment_steps_per_pair": 0},
      "environment_steps_per_pair must be >= 1."),
@@ -353,3 +353,13 @@ def test_api_key_never_shown():
     assert repr(cfg).startswith("MADPOIterConfig(")
     # No key: nothing to hide, the field reads None.
     assert MADPOIterConfig().to_dict()["comparator_api_key"] is None
+
+
+def test_secret_headers_are_redacted_in_dumps():
+    from comlrl_lightning.config import MADPOIterConfig
+
+    cfg = MADPOIterConfig(comparator_policy="api", comparator_api_url="http://127.0.0.1:1/x",
+                          comparator_api_headers={"Authorization": "Bearer sk-secret", "X-Trace": "abc"})
+    dumped = cfg.to_dict()["comparator_api_headers"]
+    assert dumped == {"Authorization": "***", "X-Trace": "abc"}
+    assert "sk-secret" not in repr(cfg)

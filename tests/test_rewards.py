@@ -290,3 +290,17 @@ def test_processors_and_reward_range():
     assert set_reward_range(rf, 0, 2) is rf
     assert rf.reward_range == (0.0, 2.0)
     assert all(type(v) is float for v in rf.reward_range)
+
+
+def test_reward_returning_none_is_called_once():
+    from comlrl_lightning.rewards import RewardError, RewardOracle
+
+    calls = []
+
+    def reward(a, b):
+        calls.append(1)
+        return None
+
+    with pytest.raises(RewardError, match="task item 3"):
+        RewardOracle(reward).score(["p"], ["x", "y"], {}, 3)
+    assert len(calls) == 1

@@ -254,7 +254,7 @@ class ActorCriticModule(L.LightningModule):
         model_config: dict | None = None,
         lora: dict | None = None,
         args: IACConfig | MAACConfig | None = None,
-        metrics_callback: Callable | None = None,
+        metrics_callback: Callable | str | None = None,
     ):
         super().__init__()
         self.automatic_optimization = False
@@ -294,6 +294,12 @@ class ActorCriticModule(L.LightningModule):
             for m in self.team.models:
                 self.value_heads.append(ValueHead(hidden_size_of(m), a.value_head_hidden_dim, _param_dtype(m)))
             self.critic_names = []
+        if isinstance(metrics_callback, str):
+            from comlrl_lightning.data.preference import _resolve_callable
+
+            metrics_callback = _resolve_callable(metrics_callback, "metrics_callback")
+        if metrics_callback is not None and not callable(metrics_callback):
+            raise ValueError(f"metrics_callback must be a callable or None; got {type(metrics_callback).__name__}.")
         self.metrics_callback = metrics_callback
         self.reference = None
         if a.reference_kl_enabled:
@@ -693,3 +699,25 @@ class ActorCriticModule(L.LightningModule):
             critic.model.save_pretrained(str(target))
             torch.save(critic.value_head.state_dict(), target / "value_head.pt")
         return paths
+
+
+class IACModule(ActorCriticModule):
+    """:class:`ActorCriticModule` with an :class:`~comlrl_lightning.config_ac.IACConfig` (for YAML configs)."""
+
+    def __init__(self, agent_model: str | None = TINY_MODEL_NAME, agents: Sequence[Any] | None = None,
+                 tokenizer: Any = None, critic_model: Any = None, critics: Sequence[Any] | None = None,
+                 critic_model_name: str | None = None, model_config: dict | None = None, lora: dict | None = None,
+                 args: IACConfig | None = None, metrics_callback: Callable | str | None = None):
+        super().__init__(agent_model, agents, tokenizer, critic_model, critics, critic_model_name, model_config, lora,
+                         args if args is not None else IACConfig(), metrics_callback)
+
+
+class MAACModule(ActorCriticModule):
+    """:class:`ActorCriticModule` with a :class:`~comlrl_lightning.config_ac.MAACConfig` (for YAML configs)."""
+
+    def __init__(self, agent_model: str | None = TINY_MODEL_NAME, agents: Sequence[Any] | None = None,
+                 tokenizer: Any = None, critic_model: Any = None, critics: Sequence[Any] | None = None,
+                 critic_model_name: str | None = None, model_config: dict | None = None, lora: dict | None = None,
+                 args: MAACConfig | None = None, metrics_callback: Callable | str | None = None):
+        super().__init__(agent_model, agents, tokenizer, critic_model, critics, critic_model_name, model_config, lora,
+                         args if args is not None else MAACConfig(), metrics_callback)
