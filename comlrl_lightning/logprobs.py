@@ -65,8 +65,10 @@ def token_logps(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     ``logits`` [R, L, V], ``input_ids`` [R, L] → [R, L] with position 0 set to 0 (nothing predicts it).
     Computed in float32.
     """
-    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
-    gathered = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    # log p(x) = logit[x] - logsumexp(logits): no full-vocabulary log-softmax tensor is kept for backward.
+    shifted = logits[:, :-1].float()
+    picked = shifted.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    gathered = picked - torch.logsumexp(shifted, dim=-1)
     return F.pad(gathered, (1, 0), value=0.0)
 
 

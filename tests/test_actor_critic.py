@@ -24,8 +24,8 @@ from comlrl_lightning.trainers.actor_critic import IACTrainer, MAACTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
 ITEMS = [{"prompt": f"Topic: {t}."} for t in ("rivers", "bread", "trains", "music", "owls", "maps")]
-SMALL = dict(max_new_tokens=4, temperature=1.0, top_p=1.0, agent_learning_rate=1e-2, critic_learning_rate=1e-2,
-             num_train_epochs=1, eval_interval=0)
+SMALL = {"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0, "agent_learning_rate": 1e-2,
+         "critic_learning_rate": 1e-2, "num_train_epochs": 1, "eval_interval": 0}
 
 
 # --- config --------------------------------------------------------------------------------------------------
@@ -38,14 +38,14 @@ def test_config_rules(cls):
     assert cls(num_turns=2, num_generations=1).num_generations == 1
     assert cls(num_turns=1, num_generations=4).num_generations == 4
     assert cls(critic_type="Q").critic_type == "q"
-    bad = [(dict(critic_type="x"), "critic_type must be one of: 'v', 'q'. Got 'x'"),
-           (dict(num_generations=0), "num_generations must be >= 1"),
-           (dict(rollout_buffer_size=0), "rollout_buffer_size must be >= 1"),
-           (dict(eval_interval=-1), "eval_interval must be >= 0"),
-           (dict(parallel_training="auto"), "parallel_training only supports: none, mp"),
-           (dict(parallel_training="mp"), "requires explicit agent_devices"),
-           (dict(reference_kl_coef=-0.1), "reference_kl_coef must be >= 0"),
-           (dict(reference_kl_enabled=True, reference_devices=["cpu"] * 3), "reference_devices length")]
+    bad = [({"critic_type": "x"}, "critic_type must be one of: 'v', 'q'. Got 'x'"),
+           ({"num_generations": 0}, "num_generations must be >= 1"),
+           ({"rollout_buffer_size": 0}, "rollout_buffer_size must be >= 1"),
+           ({"eval_interval": -1}, "eval_interval must be >= 0"),
+           ({"parallel_training": "auto"}, "parallel_training only supports: none, mp"),
+           ({"parallel_training": "mp"}, "requires explicit agent_devices"),
+           ({"reference_kl_coef": -0.1}, "reference_kl_coef must be >= 0"),
+           ({"reference_kl_enabled": True, "reference_devices": ["cpu"] * 3}, "reference_devices length")]
     for kw, message in bad:
         with pytest.raises(ValueError, match=message):
             cls(**kw)
@@ -134,7 +134,7 @@ def test_td_targets_no_bootstrap_after_last_turn(tiny_model_dir, threshold, exec
         assert [s["return"] for s in traj] == pytest.approx([sum(r[t:]) for t in range(executed)])
         assert [s["old_value"] for s in traj] == values[:executed]
     # turn prompts: turn 0 from the formatter, later turns from the transition through the formatter
-    assert samples[0]["prompt_ids"] != [s for s in samples if s["turn"] == 1][0]["prompt_ids"]
+    assert samples[0]["prompt_ids"] != next(s for s in samples if s["turn"] == 1)["prompt_ids"]
 
 
 def test_reference_kl_is_subtracted_from_the_reward(tiny_model_dir):
@@ -193,7 +193,7 @@ def _spy_updates(module, record):
     def spy(i, samples):
         assert not module._collecting, "an update ran in the middle of an episode"
         record.append({"agent": i, "n": len(samples), "turns": sorted({s["turn"] for s in samples}),
-                       "items_done": module.updates_seen, "epoch_end": module._in_epoch_end})
+                       "items_done": module.updates_seen})
         return original(i, samples)
 
     module._update = spy
@@ -208,14 +208,6 @@ def _spy_updates(module, record):
 
     module.collect = collecting
     module._collecting = False
-    module._in_epoch_end = False
-    end = module.on_train_epoch_end
-
-    def epoch_end():
-        module._in_epoch_end = True
-        end()
-
-    module.on_train_epoch_end = epoch_end
 
 
 def _fit(module, items, transition=None, **trainer_kw):
@@ -228,14 +220,14 @@ def _fit(module, items, transition=None, **trainer_kw):
 
 def test_iac_attached_heads_schedule_and_every_parameter_trains(tiny_model_dir):
     # N=2, K=2 samples per agent per item, buffer 3: drains after items 2 and 4 (4 samples each, the whole
-    # buffer), the 5th item's 2 samples are flushed at epoch end.
+    # buffer), the 5th item's 2 samples are flushed at the end of the epoch (in its last training step).
     m = attached_module(tiny_model_dir, num_generations=2, rollout_buffer_size=3, train_batch_size=2)
     record: list[dict] = []
     _spy_updates(m, record)
     before = _snapshot(m)
     trainer = _fit(m, ITEMS[:5])
-    assert [(r["agent"], r["n"], r["items_done"], r["epoch_end"]) for r in record] == [
-        (0, 4, 1, False), (1, 4, 1, False), (0, 4, 3, False), (1, 4, 3, False), (0, 2, 5, True), (1, 2, 5, True)]
+    assert [(r["agent"], r["n"], r["items_done"]) for r in record] == [
+        (0, 4, 1), (1, 4, 1), (0, 4, 3), (1, 4, 3), (0, 2, 4), (1, 2, 4)]
     assert m.env_step == 10 and all(not b for b in m.buffers)
     assert trainer.global_step == 2 * 2 * 2 + 2 * 1  # one optimizer per agent (it owns the head too)
     assert _unchanged(m, before) == []
@@ -294,7 +286,8 @@ def test_cli_config_runs(method, tmp_path, monkeypatch, capsys):
           "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
           "--model.init_args.args.max_new_tokens", "8", "--model.init_args.args.eval_num_samples", "1"])
     assert "task reward (eval/reward_mean): before" in capsys.readouterr().out
-    rows = list(csv.DictReader(open(next(tmp_path.glob(f"outputs/{method}_tiny/lightning_logs/*/metrics.csv")))))
+    with open(next(tmp_path.glob(f"outputs/{method}_tiny/lightning_logs/*/metrics.csv"))) as f:
+        rows = list(csv.DictReader(f))
     keys = {k for r in rows for k, v in r.items() if v}
     assert {"train/agent0/actor_loss", "train/agent1/actor_loss", "turn_1/reward_mean", "env_step"} <= keys
     assert (tmp_path / f"outputs/{method}_tiny/agents/agent_1").is_dir()

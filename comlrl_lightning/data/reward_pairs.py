@@ -32,14 +32,42 @@ from comlrl_lightning.reward_model import (
 )
 
 
+BUILTIN_LENGTH_PAIRS = "builtin:length_preference"
+_WORDS = ("rivers mountains forests deserts oceans bread cheese apples coffee trains bicycles rockets ships "
+          "music poetry dance chess fox dog cat sun").split()
+
+
+def length_preference_pairs(num_pairs: int = 200, num_agents: int = 2, seed: int = 0) -> list[PreferencePair]:
+    """Synthetic pairs whose preference a small model can learn: the longer joint answer wins.
+
+    Agent i's prompt is ``"Topic: <word>."``; winner completions have 6-12 random words, loser ones 1-4.
+    Deterministic for a given ``seed``. Used by ``configs/reward_model/tiny.yaml`` and the tests.
+    """
+    rng = random.Random(seed)
+
+    def answer(lo: int, hi: int) -> str:
+        return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(lo, hi)))
+
+    pairs = []
+    for _ in range(num_pairs):
+        prompts = [f"Topic: {rng.choice(_WORDS)}." for _ in range(num_agents)]
+        winner = [answer(6, 12) for _ in range(num_agents)]
+        loser = [answer(1, 4) for _ in range(num_agents)]
+        pairs.append(PreferencePair(prompts, winner, loser, winner_reward=1.0, loser_reward=0.0,
+                                    candidate_reward_mean=0.5))
+    return pairs
+
+
 def load_pairs(source: Any) -> list[PreferencePair]:
-    """Pairs from PreferencePair objects, pair records (dicts), or a file path.
+    """Pairs from PreferencePair objects, pair records (dicts), a file path, or ``builtin:length_preference``.
 
     Files: ``.jsonl`` (one record per line), or ``.json`` holding a list of records or a replay round file
-    ``{"pairs": [...]}`` (spec §3.7).
+    ``{"pairs": [...]}`` (spec §3.7). The builtin name gives :func:`length_preference_pairs` ``()``.
     """
     if source is None:
         return []
+    if source == BUILTIN_LENGTH_PAIRS:
+        return length_preference_pairs()
     if isinstance(source, (str, Path)):
         path = Path(source).expanduser()
         if not path.is_file():

@@ -44,7 +44,6 @@ from comlrl_lightning.losses import policy_gradient_loss, td_advantages, td_targ
 from comlrl_lightning.rewards import RewardError, call_reward_function
 from comlrl_lightning.tiny import TINY_MODEL_NAME
 
-
 # --------------------------------------------------------------------------------------------------
 # Critic models (§4.1)
 # --------------------------------------------------------------------------------------------------
@@ -169,7 +168,7 @@ def _load_critic_backbones(sources: list[Any], model_config: dict | None) -> lis
         elif isinstance(s, nn.Module):
             out.append(s)
         else:
-            raise ValueError(f"critic sources must be model ids, paths or torch modules; got {type(s).__name__}.")
+            raise TypeError(f"critic sources must be model ids, paths or torch modules; got {type(s).__name__}.")
     for m in out:
         m.train()
     return out
@@ -260,7 +259,7 @@ class ActorCriticModule(L.LightningModule):
         self.automatic_optimization = False
         self.args = args if args is not None else IACConfig()
         if not isinstance(self.args, (IACConfig, MAACConfig)):
-            raise ValueError(f"args must be an IACConfig or a MAACConfig; got {type(self.args).__name__}.")
+            raise TypeError(f"args must be an IACConfig or a MAACConfig; got {type(self.args).__name__}.")
         self.save_hyperparameters(ignore=["agents", "tokenizer", "critic_model", "critics", "metrics_callback"])
         self.is_maac = isinstance(self.args, MAACConfig)
         self.method = "MAAC" if self.is_maac else "IAC"
@@ -437,13 +436,13 @@ class ActorCriticModule(L.LightningModule):
         oracle = self.oracle
         try:
             raw = call_reward_function(oracle.reward_func, prompts, texts, [item])
-        except Exception as exc:  # noqa: BLE001 - re-raised with the item named
+        except Exception as exc:
             raise RewardError(f"reward_func failed on {where}: {type(exc).__name__}: {exc}") from exc
         values = []
         for v in raw:
             try:
                 p = float(oracle.reward_processor(v)) if oracle.reward_processor is not None else v
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise RewardError(f"reward_processor failed on {where} (raw reward {v!r}): {exc}") from exc
             if not math.isfinite(p):
                 raise RewardError(f"reward is {p} on {where} (raw {v!r}); rewards must be finite numbers.")
@@ -497,6 +496,7 @@ class ActorCriticModule(L.LightningModule):
         p_hist: list[list[str]] = [[] for _ in range(n)]
         r_hist: list[list[str]] = [[] for _ in range(n)]
         turns: list[list[list[dict]]] = []  # [turn][agent][generation]
+        previous: list[str] = []
         for t in range(a.num_turns):
             if t > 0:
                 external = call_transition(self.external_transition, item.get("prompt", ""), previous, n, p_hist,
@@ -573,11 +573,15 @@ class ActorCriticModule(L.LightningModule):
             self.log("reward", sum(s["reward"] for s in rollouts) / len(rollouts), prog_bar=True, logger=False,
                      batch_size=1)
         ready = [i for i in range(n) if len(self.buffers[i]) >= self.args.rollout_buffer_size]
+        if batch_idx + 1 >= self.trainer.num_training_batches:  # the epoch's last batch: flush everything
+            ready = [i for i in range(n) if self.buffers[i]]
         if ready:
             self._drain(ready)
         self.updates_seen += 1
 
     def on_train_epoch_end(self) -> None:
+        # Normally flushed by the epoch's last training_step (so its optimizer steps count in global_step);
+        # this catches an epoch cut short (max_steps) or a dataloader without a length.
         pending = [i for i in range(self.team.num_agents) if self.buffers[i]]
         if pending:
             self._drain(pending)
@@ -633,7 +637,7 @@ class ActorCriticModule(L.LightningModule):
             actor_losses.append(float(actor_loss.detach()))
             value_losses.append(float(vloss.detach()))
         t = samples[0]["turn"] + 1
-        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        mean = lambda xs: sum(xs) / len(xs)
         out = {
             f"turn_{t}/reward_mean": mean([s["reward"] for s in samples]),
             f"turn_{t}/expected_return": mean([s["return"] for s in samples]),

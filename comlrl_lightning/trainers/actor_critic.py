@@ -67,7 +67,7 @@ class _ActorCriticTrainer:
     ):
         self.args = args if args is not None else self._config_cls()
         if not isinstance(self.args, self._config_cls):
-            raise ValueError(f"{type(self).__name__} needs args of type {self._config_cls.__name__}; got "
+            raise TypeError(f"{type(self).__name__} needs args of type {self._config_cls.__name__}; got "
                              f"{type(self.args).__name__}.")
         n = self.args.num_agents
         if agent_model is None and agents is None:
@@ -76,7 +76,8 @@ class _ActorCriticTrainer:
             raise ValueError(f"{self._method} with num_agents={n} requires `agent_model` to be a pretrained "
                              "identifier string (loaded once per agent); pass model objects through `agents`.")
         if not callable(reward_func):
-            raise ValueError(f"reward_func must be a callable; got {type(reward_func).__name__}.")
+            raise ValueError(  # noqa: TRY004 - upstream raises ValueError
+                f"reward_func must be a callable; got {type(reward_func).__name__}.")
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a local file).")
         if self.args.num_turns > 1 and external_transition is None:
@@ -95,8 +96,10 @@ class _ActorCriticTrainer:
             num_agents=n, seed=self.args.seed,
         )
         self.evaluation = TaskRewardEvaluation()
-        kwargs = dict(accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
-                      max_epochs=self.args.num_train_epochs, num_sanity_val_steps=0, log_every_n_steps=1)
+        kwargs: dict[str, Any] = {
+            "accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
+            "max_epochs": self.args.num_train_epochs, "num_sanity_val_steps": 0, "log_every_n_steps": 1,
+        }
         if wandb_config is not None:
             kwargs["logger"] = _wandb_logger(wandb_config, self.args, self._method)
         kwargs.update(trainer_kwargs or {})
