@@ -30,8 +30,9 @@ def joint_reward_text(prompts: Sequence[str | None], completions: Sequence[str |
     (1-based) ``"Agent i prompt:\\n{p_i}"`` and ``"Agent i response:\\n{c_i}"``. The number of agents is
     ``max(len(prompts), len(completions))``; a missing (or None) prompt or completion becomes ``""``.
 
-    >>> joint_reward_text(["pa", "pb"], ["ca", "cb"])
-    'Joint multi-agent response\\n\\nAgent 1 prompt:\\npa\\n\\nAgent 1 response:\\nca\\n\\nAgent 2 prompt:\\npb\\n\\nAgent 2 response:\\ncb'
+    Example: prompts (pa, pb) and completions (ca, cb) give
+    ``"Joint multi-agent response\\n\\nAgent 1 prompt:\\npa\\n\\nAgent 1 response:\\nca\\n\\n"``
+    ``"Agent 2 prompt:\\npb\\n\\nAgent 2 response:\\ncb"``.
     """
     n = max(len(prompts), len(completions))
     parts = [JOINT_RESPONSE_HEADER]
@@ -161,8 +162,9 @@ class RewardModelOptions:
 
     def __post_init__(self) -> None:
         if self.reward_model_name is not None and not isinstance(self.reward_model_name, str):
-            raise _bad("reward_model_name must be a string (hub id, local folder or 'embedded:tiny') or null.",
-                       self.reward_model_name, "strings or null; pass model objects to JointRewardModel(model=...)")
+            raise _bad("reward_model_name must be a string (hub id, local folder, 'embedded:tiny') or null.",
+                       self.reward_model_name,
+                       "strings or null; pass model objects to JointRewardModel(model=...)")
         lr = self.reward_learning_rate
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (lr > 0 and math.isfinite(lr)):
             raise _bad("reward_learning_rate must be > 0.", lr, "finite numbers > 0")

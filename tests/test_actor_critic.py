@@ -101,6 +101,8 @@ def test_padding_after_eos_is_masked_in_actor_loss(tiny_model_dir):
     expected = sum(lp[2 + k, ids[0, 3 + k]].item() for k in range(3))
     assert seq[0].item() == pytest.approx(expected, abs=1e-4)
     assert pos.tolist() == [2, 2, 2]  # V critic: the last prompt token
+    m.args.critic_type = "q"
+    assert m._sequence_batch(0, samples)[1].tolist() == [5, 5, 5]  # Q critic: the last counted completion token
 
 
 # --- TD targets inside the rollout (hand-checked with a stub critic) -----------------------------------------
@@ -135,6 +137,17 @@ def test_td_targets_no_bootstrap_after_last_turn(tiny_model_dir, threshold, exec
         assert [s["old_value"] for s in traj] == values[:executed]
     # turn prompts: turn 0 from the formatter, later turns from the transition through the formatter
     assert samples[0]["prompt_ids"] != next(s for s in samples if s["turn"] == 1)["prompt_ids"]
+
+
+def test_multiturn_evaluation_reports_every_turn_and_keeps_training_streams(tiny_model_dir):
+    m = attached_module(tiny_model_dir, num_turns=2)
+    m.bind_task(FORMATTERS, RewardOracle(_turn_reward([(1.0, 3.0), (2.0, 2.0)] * 2)), plain_transition)
+    state = [s.state_dict()["rng_state"].clone() for s in m.streams]
+    out = m.evaluate(ITEMS[:2])
+    assert out["eval/turn_1/reward_mean"] == pytest.approx(2.0) == out["eval/reward_mean"]
+    assert out["eval/turn_2/reward_mean"] == pytest.approx(2.0)
+    assert out["eval/turn_1/expected_return"] == pytest.approx(4.0)
+    assert all(torch.equal(a, s.state_dict()["rng_state"]) for a, s in zip(state, m.streams))
 
 
 def test_reference_kl_is_subtracted_from_the_reward(tiny_model_dir):
@@ -238,7 +251,7 @@ def test_iac_attached_heads_schedule_and_every_parameter_trains(tiny_model_dir):
         assert key in metrics and math.isfinite(float(metrics[key]))
 
 
-def test_iac_separate_critics_multiturn_updates_only_after_episodes(tiny_model_dir):
+def test_iac_separate_critics_multiturn_updates_only_after_episodes(tiny_model_dir, tmp_path):
     args = IACConfig(num_turns=2, rollout_buffer_size=2, train_batch_size=1, **SMALL)
     m = ActorCriticModule(agent_model=tiny_model_dir, args=args)
     assert len(m.critics) == 2 and not m.value_heads
@@ -253,13 +266,21 @@ def test_iac_separate_critics_multiturn_updates_only_after_episodes(tiny_model_d
     assert trainer.global_step == 8 * 2  # per sample: an actor step and a critic step
     assert _unchanged(m, before) == []
     assert any(n.startswith("critics.1.") for n in before)
+    # progress state survives a real checkpoint loaded weights_only (plain types only)
+    trainer.save_checkpoint(tmp_path / "ac.ckpt")
+    ckpt = torch.load(tmp_path / "ac.ckpt", weights_only=True)
+    draws = [m._rng.random() for _ in range(3)]
+    m.env_step, m.updates_seen = 0, 0
+    m.on_load_checkpoint(ckpt)
+    assert (m.env_step, m.updates_seen) == (4, 2) and [m._rng.random() for _ in range(3)] == draws
 
 
 def test_maac_q_critic_with_reference_kl_trains_actors_and_critic(tiny_model_dir, tmp_path):
     args = MAACConfig(critic_type="q", num_generations=2, rollout_buffer_size=4, train_batch_size=4,
                       reference_kl_enabled=True, reference_kl_coef=0.05, **SMALL)
     tr = MAACTrainer(agent_model=tiny_model_dir, reward_func=cooperative_reward, formatters=FORMATTERS,
-                     train_dataset=ITEMS[:2], args=args, trainer_kwargs=cpu_trainer_kwargs())
+                     train_dataset=ITEMS[:2], args=args, trainer_kwargs=cpu_trainer_kwargs(),
+                     metrics_callback=lambda rollouts: {"custom/samples": len(rollouts), "skipped": "text"})
     m = tr.module
     assert len(m.critics) == 1
     before = _snapshot(m)
@@ -267,6 +288,7 @@ def test_maac_q_critic_with_reference_kl_trains_actors_and_critic(tiny_model_dir
     assert m.num_drains == 1 and m.env_step == 4
     assert tr.trainer.global_step == 2 * 2  # per agent minibatch: actor step, then a shared-critic step
     assert _unchanged(m, before) == []
+    assert metrics["custom/samples"] == 4 and "skipped" not in metrics  # metrics_callback, per item
     for key in ("train/critic/value_loss", "train/agent0/kl", "train/agent1/kl", "turn_1/reference_kl_mean"):
         assert key in metrics and math.isfinite(metrics[key])
     q_inputs = {tuple(s["critic_ids"]) for s in m.last_rollouts}

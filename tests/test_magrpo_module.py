@@ -132,9 +132,9 @@ def test_every_agent_changes_and_metrics_are_logged(tiny_model_dir):
 
 
 def test_buffer_schedule_and_epoch_flush(tiny_model_dir):
-    # 3 items, 2-turn aligned tree with K=2: 3 nodes per item per agent; buffer 4, minibatch 3.
+    # 2 items, 2-turn aligned tree with K=2: 3 nodes per item per agent; buffer 4, minibatch 3.
     args = small_args(num_turns=2, rollout_buffer_size=4, train_batch_size=3, num_train_epochs=1)
-    tr = make_trainer(tiny_model_dir, items=ITEMS[:3], args=args, external_transition=plain_transition)
+    tr = make_trainer(tiny_model_dir, items=ITEMS[:2], args=args, external_transition=plain_transition)
     drains = []
     original = tr.module.drain
 
@@ -144,14 +144,12 @@ def test_buffer_schedule_and_epoch_flush(tiny_model_dir):
 
     tr.module.drain = spy
     tr.train()
-    # per agent: 9 node samples; drains after 4 (item 2's root group: t0,t1,t1,t0? no: env-step order), the
-    # rest at the epoch's last step; every sample trained exactly once
+    # per agent 6 node samples in env-step order: item 0 gives t0, t1, t1; item 1's root makes the buffer
+    # full (4: turns 0, 1, 1, 0), its two children are flushed at the epoch's last step
     for agent in (0, 1):
-        mine = [turns for a, turns in drains if a == agent]
-        assert sum(len(t) for t in mine) == 9 and all(len(t) >= 1 for t in mine)
-        assert all(len(t) >= 4 for t in mine[:-1])  # all but the flush are full buffers
+        assert [turns for a, turns in drains if a == agent] == [[0, 0, 1, 1], [1, 1]]
     assert all(not b for b in tr.module.buffers)
-    assert tr.module.env_step == 3 * (2 + 2 * 2)
+    assert tr.module.env_step == 2 * (2 + 2 * 2)
     # optimizer steps per drain = sum over turns of ceil(n_turn / 3)
     expected = sum(-(-t.count(0) // 3) + -(-t.count(1) // 3) for _, t in drains)
     assert tr.module.optimizer_steps == expected

@@ -31,10 +31,10 @@ from comlrl_lightning.reward_model import (
     resolve_max_length,
 )
 
-
 BUILTIN_LENGTH_PAIRS = "builtin:length_preference"
-_WORDS = ("rivers mountains forests deserts oceans bread cheese apples coffee trains bicycles rockets ships "
-          "music poetry dance chess fox dog cat sun").split()
+_WORDS = ("rivers", "mountains", "forests", "deserts", "oceans", "bread", "cheese", "apples", "coffee",
+          "trains", "bicycles", "rockets", "ships", "music", "poetry", "dance", "chess", "fox", "dog", "cat",
+          "sun")
 
 
 def length_preference_pairs(num_pairs: int = 200, num_agents: int = 2, seed: int = 0) -> list[PreferencePair]:
@@ -79,7 +79,7 @@ def load_pairs(source: Any) -> list[PreferencePair]:
             data = json.loads(text)
             records = data["pairs"] if isinstance(data, dict) and "pairs" in data else data
         if not isinstance(records, list):
-            raise ValueError(f"{str(path)!r} must hold a list of pair records (or a replay file with 'pairs').")
+            raise TypeError(f"{str(path)!r} must hold a list of pair records, or a replay file with 'pairs'.")
         source = records
     pairs = []
     for j, p in enumerate(source):
@@ -88,7 +88,7 @@ def load_pairs(source: Any) -> list[PreferencePair]:
         elif isinstance(p, dict):
             pairs.append(PreferencePair.from_json(p))
         else:
-            raise TypeError(f"pair {j} is a {type(p).__name__}; expected a PreferencePair or a pair record dict.")
+            raise TypeError(f"pair {j} is a {type(p).__name__}; expected a PreferencePair or a record dict.")
     return pairs
 
 
@@ -152,6 +152,10 @@ class RewardPairDataModule(L.LightningDataModule):
         if not train:
             raise ValueError("RewardPairDataModule needs at least one training pair; got none.")
         self.train_pairs, self.eval_pairs = train, evals
+        if not evals:
+            # Lightning runs validation only when val_dataloader is defined; shadowing it with None skips the
+            # loop without the "length of list is zero" warning that an empty loader list would give.
+            self.val_dataloader = None  # type: ignore[assignment]
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.tokenizer, self.max_length = tokenizer, max_length
         self.seed = seed
@@ -162,7 +166,9 @@ class RewardPairDataModule(L.LightningDataModule):
         module = getattr(self.trainer, "lightning_module", None) if self.trainer is not None else None
         if self.tokenizer is None:
             if module is None or getattr(module, "tokenizer", None) is None:
-                raise RuntimeError("RewardPairDataModule needs a tokenizer: pass tokenizer= or fit a JointRewardModel.")
+                raise RuntimeError(
+                    "RewardPairDataModule needs a tokenizer: pass tokenizer= or fit with a JointRewardModel."
+                )
             self.tokenizer = module.tokenizer
         if self.max_length is not None:
             self._resolved_max_length = resolve_max_length(self.tokenizer, self.max_length)
@@ -187,12 +193,13 @@ class RewardPairDataModule(L.LightningDataModule):
             for side, comps in (("winner", p.winner_completions), ("loser", p.loser_completions)):
                 if not any((c or "").strip() for c in comps):
                     raise ValueError(
-                        f"{split} pair {j}: every {side} completion is empty, so its joint text has no response "
-                        "to score. Drop the pair or fix its completions."
+                        f"{split} pair {j}: every {side} completion is empty, so its joint text has no "
+                        "response to score. Drop the pair or fix its completions."
                     )
             key = (str(n), *p.prompts)
             if key not in checked:
-                check_prompt_part_fits(self.tokenizer, p.prompts, n, self._resolved_max_length, f"{split} pair {j}")
+                check_prompt_part_fits(self.tokenizer, p.prompts, n, self._resolved_max_length,
+                                       f"{split} pair {j}")
                 checked.add(key)
             # Both sides get n agents even when a record's lists differ in length (missing texts are "").
             chosen.append(joint_reward_text(p.prompts, _padded(p.winner_completions, n)))
@@ -208,7 +215,10 @@ class RewardPairDataModule(L.LightningDataModule):
         return _Texts(chosen, rejected)
 
     def collate(self, batch: list[tuple[int, str, str]]) -> dict[str, torch.Tensor]:
-        """``input_ids``/``attention_mask`` ``[2B, T]`` (chosen rows, then rejected rows) and ``pair_index`` ``[B]``."""
+        """``input_ids``, ``attention_mask`` ``[2B, T]`` (chosen rows, then rejected); ``pair_index`` ``[B]``.
+
+        One tokenizer call over the 2B texts, so both sides share the padding width; scores do not depend
+        on it (last-token pooling, position ids from the mask)."""
         texts = [c for _, c, _ in batch] + [r for _, _, r in batch]
         enc = encode_joint_texts(self.tokenizer, texts, self._resolved_max_length)
         enc["pair_index"] = torch.tensor([i for i, _, _ in batch], dtype=torch.long)
@@ -219,8 +229,6 @@ class RewardPairDataModule(L.LightningDataModule):
         return DataLoader(self._datasets["train"], batch_size=self.batch_size, shuffle=True, generator=gen,
                           collate_fn=self.collate)
 
-    def val_dataloader(self) -> DataLoader | list:
-        if "val" not in self._datasets:
-            return []
+    def val_dataloader(self) -> DataLoader:
         return DataLoader(self._datasets["val"], batch_size=self.eval_batch_size or self.batch_size,
                           shuffle=False, collate_fn=self.collate)

@@ -44,6 +44,9 @@ from comlrl_lightning.losses import policy_gradient_loss, td_advantages, td_targ
 from comlrl_lightning.rewards import RewardError, call_reward_function
 from comlrl_lightning.tiny import TINY_MODEL_NAME
 
+# ``args`` is saved with the hyper-parameters; Lightning loads checkpoints with ``weights_only=True``.
+torch.serialization.add_safe_globals([IACConfig, MAACConfig])
+
 # --------------------------------------------------------------------------------------------------
 # Critic models (§4.1)
 # --------------------------------------------------------------------------------------------------
@@ -549,6 +552,35 @@ class ActorCriticModule(L.LightningModule):
                     s["target"], s["return"] = float(y), float(ret)
                 samples.extend(traj)
         return samples
+
+    @torch.no_grad()
+    def evaluate(self, items: Sequence[dict], seed: int = 12345) -> dict[str, float]:
+        """AC evaluation (§10.2): one rollout per item with one sample per agent, early termination and KL
+        shaping included, on fresh seeded streams (training's streams are untouched).
+
+        Returns ``eval/turn_{t}/reward_mean`` and ``eval/turn_{t}/expected_return`` (means over every agent's
+        sample of turn t), the KL means when enabled, and ``eval/reward_mean`` (= turn 1's).
+        """
+        saved = self.streams
+        self.streams = [SamplingStream(seed + 7919 * i) for i in range(self.team.num_agents)]
+        per_turn: dict[int, list[dict]] = {}
+        try:
+            for k, item in enumerate(items):
+                for s in self.collect(item, f"eval {k}", num_generations=1):
+                    per_turn.setdefault(s["turn"] + 1, []).append(s)
+        finally:
+            self.streams = saved
+        out: dict[str, float] = {}
+        for t, samples in sorted(per_turn.items()):
+            out[f"eval/turn_{t}/reward_mean"] = sum(s["reward"] for s in samples) / len(samples)
+            out[f"eval/turn_{t}/expected_return"] = sum(s["return"] for s in samples) / len(samples)
+            if self.reference is not None:
+                kl = sum(s["kl"] for s in samples) / len(samples)
+                out[f"eval/turn_{t}/reference_kl_mean"] = kl
+                out[f"eval/turn_{t}/reference_kl_penalty_mean"] = self.args.reference_kl_coef * kl
+        if out:
+            out["eval/reward_mean"] = out["eval/turn_1/reward_mean"]
+        return out
 
     # --- training -----------------------------------------------------------------------------------------
     def training_step(self, batch: Any, batch_idx: int) -> None:

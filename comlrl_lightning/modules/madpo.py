@@ -53,7 +53,7 @@ class MADPOModule(L.LightningModule):
         tokenizer: Any = None,
         model_config: dict | None = None,
         lora: dict | None = None,
-        args: MADPOConfig | None = None,
+        args: MADPOConfig | MADPOIterConfig | None = None,
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
     ):

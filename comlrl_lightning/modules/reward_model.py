@@ -64,8 +64,8 @@ class JointRewardModel(L.LightningModule):
         seed: when set, the head (and LoRA) init uses this seed, so two builds with the same seed are equal;
             None draws from the global torch RNG (``seed_everything``).
 
-    Metrics: ``train/reward_model/{loss,accuracy,margin}`` per step, ``val/reward_model/{loss,accuracy,margin}``
-    per epoch when the datamodule has eval pairs.
+    Metrics: ``train/reward_model/{loss,accuracy,margin}`` per step, and
+    ``val/reward_model/{loss,accuracy,margin}`` per epoch when the datamodule has eval pairs.
     """
 
     def __init__(
@@ -80,15 +80,15 @@ class JointRewardModel(L.LightningModule):
         super().__init__()
         self.args = args if args is not None else RewardModelOptions()
         if not isinstance(self.args, RewardModelOptions):
-            raise ValueError(f"args must be a RewardModelOptions; got {type(self.args).__name__}.")
+            raise TypeError(f"args must be a RewardModelOptions; got {type(self.args).__name__}.")
         source = model if model is not None else self.args.reward_model_name
         if source is None:
             raise ValueError(
-                "reward_model_name must be provided: pass model= (a hub id, a local folder, 'embedded:tiny' or a "
-                "model object with its tokenizer) or set args.reward_model_name."
+                "reward_model_name must be provided: pass model= (a hub id, a local folder, 'embedded:tiny' "
+                "or a model object with its tokenizer) or set args.reward_model_name."
             )
         if not isinstance(source, (str, nn.Module)):
-            raise ValueError(f"model must be a model name/path or a torch module; got {type(source).__name__}.")
+            raise TypeError(f"model must be a model name, path or torch module; got {type(source).__name__}.")
         if lora is not None and self.args.reward_freeze_backbone:
             raise ValueError(
                 "reward_freeze_backbone=True cannot be combined with lora: a frozen backbone trains only the "
@@ -151,7 +151,7 @@ class JointRewardModel(L.LightningModule):
         Call it between fits: a new ``Trainer.fit`` then builds a new optimizer over the new parameters.
         """
         if self._trainer is not None and self.trainer.training:
-            raise RuntimeError("JointRewardModel.reinitialize() cannot run during Trainer.fit; call it between fits.")
+            raise RuntimeError("reinitialize() cannot run inside Trainer.fit; call it between fits.")
         self.backbone, self.head = self._build(self._seed if seed is None else seed)
         self.to(self.device)
 
@@ -179,7 +179,7 @@ class JointRewardModel(L.LightningModule):
             ``[B]`` rewards (with grad in training).
         """
         if isinstance(batch, str):
-            raise TypeError("JointRewardModel expects a list of texts (or a tokenized batch), not one string.")
+            raise TypeError("JointRewardModel expects a list of texts or a tokenized batch, not one string.")
         if not isinstance(batch, dict):
             batch = encode_joint_texts(self.tokenizer, list(batch), self.max_length)
         input_ids = batch["input_ids"].to(self.device)
@@ -219,7 +219,7 @@ class JointRewardModel(L.LightningModule):
         texts = []
         for j, (prompts, comps) in enumerate(zip(prompts_per_pair, completions_per_pair)):
             if isinstance(prompts, str) or isinstance(comps, str):
-                raise TypeError(f"joint response {j}: prompts and completions must be lists (one text per agent).")
+                raise TypeError(f"joint response {j}: prompts and completions must be lists (one per agent).")
             n = max(len(prompts), len(comps))
             key = (str(n), *map(str, prompts))
             if key not in checked:  # RL samples of one item share prompts: check each prompt set once
@@ -246,8 +246,8 @@ class JointRewardModel(L.LightningModule):
             bad = ~torch.isfinite(per_pair.detach().cpu())
             raise FloatingPointError(
                 f"Reward-model loss is not finite for {stage} pair(s) {batch['pair_index'][bad].tolist()} "
-                f"(rewards chosen {chosen.detach()[bad].tolist()}, rejected {rejected.detach()[bad].tolist()}). "
-                "Lower reward_learning_rate or check those pairs."
+                f"(rewards chosen {chosen.detach()[bad].tolist()}, "
+                f"rejected {rejected.detach()[bad].tolist()}). Lower reward_learning_rate or check the pairs."
             )
         loss = per_pair.mean()
         stats = bradley_terry_stats(chosen, rejected)
@@ -290,9 +290,10 @@ def fit_reward_model(
 ) -> dict[str, float]:
     """Train ``model`` on pairs for ``reward_num_train_epochs`` epochs; return the final logged metrics.
 
-    ``train_pairs`` / ``eval_pairs``: anything :class:`~comlrl_lightning.data.reward_pairs.RewardPairDataModule`
-    takes. ``trainer_kwargs`` go to ``lightning.Trainer`` (``max_epochs`` defaults to the option). The model
-    is left in eval mode, as upstream leaves it after training.
+    ``train_pairs`` / ``eval_pairs`` (and ``datamodule_kwargs``): what
+    :class:`~comlrl_lightning.data.reward_pairs.RewardPairDataModule` takes. ``trainer_kwargs`` go to
+    ``lightning.Trainer`` (``max_epochs`` defaults to the option). The model is left in eval mode, as
+    upstream leaves it after training.
     """
     from comlrl_lightning.data.reward_pairs import RewardPairDataModule
 

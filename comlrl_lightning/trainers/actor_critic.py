@@ -68,7 +68,7 @@ class _ActorCriticTrainer:
         self.args = args if args is not None else self._config_cls()
         if not isinstance(self.args, self._config_cls):
             raise TypeError(f"{type(self).__name__} needs args of type {self._config_cls.__name__}; got "
-                             f"{type(self.args).__name__}.")
+                            f"{type(self.args).__name__}.")
         n = self.args.num_agents
         if agent_model is None and agents is None:
             raise ValueError("Either agent_model or agents must be provided.")
