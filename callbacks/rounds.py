@@ -25,7 +25,7 @@ def check_round_setup(trainer: L.Trainer, name: str) -> None:
             f"of its round; got reload_dataloaders_every_n_epochs={trainer.reload_dataloaders_every_n_epochs}. "
             "Pass reload_dataloaders_every_n_epochs=1 to lightning.Trainer."
         )
-    staged = [(getattr(cb, "round_stage"), type(cb).__name__) for cb in trainer.callbacks
+    staged = [(cb.round_stage, type(cb).__name__) for cb in trainer.callbacks
               if isinstance(getattr(cb, "round_stage", None), int)]
     if [s for s, _ in staged] != sorted(s for s, _ in staged):
         order = ", ".join(n for _, n in sorted(staged, key=lambda x: x[0]))

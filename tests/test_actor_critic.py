@@ -28,6 +28,15 @@ SMALL = {"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0, "agent_learning_
          "critic_learning_rate": 1e-2, "num_train_epochs": 1, "eval_interval": 0}
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny models run faster on one thread, and far steadier on a shared 2-core machine."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 # --- config --------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cls", [IACConfig, MAACConfig])

@@ -32,13 +32,13 @@ def runs(tiny_model_dir, tmp_path_factory):
                            save_on_train_epoch_end=True)
     first = StepRecorder()
     b = make_trainer(tiny_model_dir, root, args=_args(), num_items=4, callbacks=[first, ckpt],
-                     trainer_kwargs=dict(max_epochs=2, enable_checkpointing=True))
+                     trainer_kwargs={"max_epochs": 2, "enable_checkpointing": True})
     b.train()
     path = root / "ckpt" / "round-epoch=1.ckpt"
     second = StepRecorder()
     c = make_trainer(tiny_model_dir, root, args=_args(), num_items=4, callbacks=[second])
     c.train(ckpt_path=str(path))
-    return dict(full=full, first=first, second=second, a=a, c=c, full_root=full_root, root=root, ckpt=path)
+    return {"full": full, "first": first, "second": second, "a": a, "c": c, "full_root": full_root, "root": root, "ckpt": path}
 
 
 def test_resume_gives_the_same_pairs_and_losses(runs):

@@ -30,9 +30,9 @@ def task_items(n: int = 6) -> list[dict]:
 
 
 def iter_args(**overrides) -> MADPOIterConfig:
-    kw = dict(num_iterations=2, preference_num_candidates=4, preference_pairs_per_sample=2, train_batch_size=4,
-              max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-2,
-              eval_interval=0, eval_num_samples=2, seed=0)
+    kw = {"num_iterations": 2, "preference_num_candidates": 4, "preference_pairs_per_sample": 2, "train_batch_size": 4,
+              "max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0, "top_k": None, "agent_learning_rate": 1e-2,
+              "eval_interval": 0, "eval_num_samples": 2, "seed": 0}
     kw.update(overrides)
     return MADPOIterConfig(**kw)
 
@@ -155,3 +155,24 @@ def test_misordered_round_callbacks_are_a_clear_error(tiny_model_dir, tmp_path):
                         reload_dataloaders_every_n_epochs=1, **cpu_trainer_kwargs(default_root_dir=str(tmp_path)))
     with pytest.raises(ValueError, match="wrong order"):
         trainer.fit(module, datamodule=dm)
+
+
+def test_iterative_yaml_parses_and_runs(tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    from comlrl_lightning.cli import main
+
+    cfg = str(Path(__file__).resolve().parents[1] / "configs/madpo/iterative_tiny.yaml")
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", "--config", cfg, "--print_config"])
+    assert exc.value.code == 0
+    printed = capsys.readouterr().out
+    assert "preference_replay_lambda: 0.8" in printed and "reload_dataloaders_every_n_epochs: 1" in printed
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", cfg, "--model.init_args.args.num_iterations=2",
+          "--model.init_args.args.preference_num_candidates=2", "--model.init_args.args.max_new_tokens=4",
+          "--model.init_args.args.eval_num_samples=1", "--trainer.enable_progress_bar=false"])
+    out = tmp_path / "outputs/madpo_iterative_tiny"
+    assert sorted(p.name for p in (out / "preference_replay").glob("iteration_*.json")) == [
+        "iteration_0001.json", "iteration_0002.json"]
+    assert (out / "policy_checkpoints/iteration_0001/agent_1").is_dir()

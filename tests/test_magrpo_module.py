@@ -25,9 +25,9 @@ ITEMS = [{"prompt": f"Topic: {t}."} for t in ("rivers", "bread", "trains", "musi
 
 
 def small_args(cls=MAGRPOConfig, **kw):
-    base = dict(num_train_epochs=1, num_generations=2, max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=None,
-                agent_learning_rate=1e-2, eval_interval=0, eval_num_samples=1, logging_steps=1,
-                rollout_buffer_size=1)
+    base = {"num_train_epochs": 1, "num_generations": 2, "max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0, "top_k": None,
+                "agent_learning_rate": 1e-2, "eval_interval": 0, "eval_num_samples": 1, "logging_steps": 1,
+                "rollout_buffer_size": 1}
     base.update(kw)
     return cls(**base)
 
@@ -40,20 +40,20 @@ def make_trainer(model_dir, args=None, cls=MAGRPOTrainer, items=ITEMS, **kw):
 # --- configuration --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw,fragment", [
-    (dict(num_generations=1), "num_generations must be >= 2"),
-    (dict(joint_mode="diagonal"), "joint_mode must be one of: aligned, cross"),
-    (dict(advantage_mode="median"), "advantage_mode must be one of"),
-    (dict(parallel_training="auto"), "parallel_training only supports"),
-    (dict(parallel_training="mp"), "agent_devices"),
-    (dict(num_turns=0), "num_turns"),
-    (dict(num_train_epochs=0), "num_train_epochs"),
-    (dict(rollout_buffer_size=0), "rollout_buffer_size"),
-    (dict(train_batch_size=0), "train_batch_size"),
-    (dict(eval_interval=-1), "eval_interval"),
-    (dict(eval_num_samples=-1), "eval_num_samples"),
-    (dict(logging_steps=0), "logging_steps"),
-    (dict(eval_batch_size=0), "eval_batch_size"),
-    (dict(num_agents=0), "num_agents"),
+    ({"num_generations": 1}, "num_generations must be >= 2"),
+    ({"joint_mode": "diagonal"}, "joint_mode must be one of: aligned, cross"),
+    ({"advantage_mode": "median"}, "advantage_mode must be one of"),
+    ({"parallel_training": "auto"}, "parallel_training only supports"),
+    ({"parallel_training": "mp"}, "agent_devices"),
+    ({"num_turns": 0}, "num_turns"),
+    ({"num_train_epochs": 0}, "num_train_epochs"),
+    ({"rollout_buffer_size": 0}, "rollout_buffer_size"),
+    ({"train_batch_size": 0}, "train_batch_size"),
+    ({"eval_interval": -1}, "eval_interval"),
+    ({"eval_num_samples": -1}, "eval_num_samples"),
+    ({"logging_steps": 0}, "logging_steps"),
+    ({"eval_batch_size": 0}, "eval_batch_size"),
+    ({"num_agents": 0}, "num_agents"),
 ])
 def test_config_rejects_bad_values_naming_option_value_and_allowed(kw, fragment):
     with pytest.raises(ValueError) as info:
@@ -210,7 +210,8 @@ def test_cli_configs_run(name, tmp_path, monkeypatch, capsys):
     assert "task reward (eval/reward_mean): before" in capsys.readouterr().out
     files = list(tmp_path.glob(f"outputs/magrpo_{name}/lightning_logs/version_*/metrics.csv"))
     assert files
-    header = next(csv.reader(open(files[0])))
+    with open(files[0]) as fh:
+        header = next(csv.reader(fh))
     for key in ("turn_1/reward_mean", "turn_1/expected_return", "train/loss", "env_step", "eval/reward_mean"):
         assert key in header
     if name != "tiny":

@@ -147,19 +147,19 @@ def test_cross_mode_two_turns_returns():
 
 def test_transition_sees_its_own_branch_history():
     rec = Recorder(2)
-    root, _ = run(2, 2, 3, "aligned", rec)
+    _root, _ = run(2, 2, 3, "aligned", rec)
     texts, p_hist, r_hist, turn, path = rec.transitions[0]
     assert turn == 0 and path == ((0, 0),)
     assert p_hist == [["p0"], ["p1"]]
     assert r_hist == [[texts[0]], [texts[1]]] and texts[0].startswith("a0 t0 k0")
     # the first grandchild transition: the branch's history has two turns; the prompt history records the
     # raw string the transition returned ("prompt used"), the generation saw the formatted one
-    texts2, p_hist2, r_hist2, turn2, path2 = rec.transitions[1]
+    _texts2, p_hist2, r_hist2, turn2, path2 = rec.transitions[1]
     assert turn2 == 1 and path2 == ((0, 0), (0, 0))
     assert p_hist2[0] == ["p0", "raw0 ((0, 0),)"]
     assert r_hist2[0][0].startswith("a0 t0 k0") and r_hist2[0][1].startswith("a0 t1 k0 | next0 ((0, 0),)")
     # second root branch starts from completion 1 of each agent
-    branch1 = [tr for tr in rec.transitions if tr[4] == ((1, 1),)][0]
+    branch1 = next(tr for tr in rec.transitions if tr[4] == ((1, 1),))
     assert branch1[2][1][0].startswith("a1 t0 k1")
 
 

@@ -8,8 +8,9 @@ one-step TD targets ``y_t = r̃_t + γ·V_old(h_{t+1})`` with no bootstrap after
 buffer holds ``rollout_buffer_size`` samples is drained (§4.4): per turn, advantages A = y − V_old
 (z-normalised over the group), shuffled minibatches of ``train_batch_size``, an actor step on
 −Â·log π(completion) (padding after EOS never counts, decision 4) and a critic step on
-``value_loss_coef``·(y − V)². The rest of every buffer is flushed at epoch end. No policy changes between
-the turns of one episode: updates happen only after an episode is collected.
+``value_loss_coef``·(y − V)². The rest of every buffer is flushed at epoch end (in the epoch's last
+training step, so those optimizer steps count in ``global_step``). No policy changes between the turns of
+one episode: updates happen only after an episode is collected.
 
 Critics are value heads on causal-LM backbones (§4.1): IAC separate critics read the agent's token ids
 (V: value at the last prompt token; Q: at the last completion token); IAC attached heads sit on the

@@ -208,6 +208,52 @@ class MAGRPOModule(L.LightningModule):
         coef = a.reference_kl_coef if a.reference_kl_enabled else 0.0
         return root, node_samples(root, n, a.num_generations, a.advantage_mode, a.advantage_normalization, coef)
 
+    @torch.no_grad()
+    def evaluate_turns(self, items: Sequence[dict], formatters: Sequence, oracle: Any, transition: Any = None,
+                       samples_per_item: int = 1, seed: int = 12345, prompt_field: str = "prompt") -> dict:
+        """Multi-turn evaluation on single sampled paths (spec §10.2): per item and sample, every agent writes
+        one completion per turn, later turns go through the transition, no early termination.
+
+        Returns ``eval/turn_{t}/reward_mean`` (mean immediate reward of turn t) and
+        ``eval/turn_{t}/expected_return`` (mean undiscounted reward-to-go from turn t). Uses its own seeded
+        streams, so it never disturbs training sampling.
+        """
+        n, turns = self.team.num_agents, self.args.num_turns
+        streams = [SamplingStream(seed + 7919 * i) for i in range(n)]
+        settings = self.sampling_settings()
+        rewards = [[] for _ in range(turns)]  # per turn, one entry per (item, sample) path
+        for index, item in enumerate(items):
+            first = [p[0] for p in format_prompts([item], formatters, offset=index, prompt_field=prompt_field)]
+            paths = [[(p, p) for p in first] for _ in range(samples_per_item)]
+            p_hist = [[[] for _ in range(n)] for _ in range(samples_per_item)]
+            r_hist = [[[] for _ in range(n)] for _ in range(samples_per_item)]
+            for t in range(turns):
+                texts = []
+                for a in range(n):
+                    with self.team.activate(a) as model:
+                        s = sample_completions(model, self.team.tokenizers[a], [paths[j][a][0] for j in range(
+                            samples_per_item)], 1, settings, streams[a])
+                    texts.append([s.texts[j][0] for j in range(samples_per_item)])
+                for j in range(samples_per_item):
+                    joint = [texts[a][j] for a in range(n)]
+                    r, _ = oracle.score([first[0]], joint, item, f"eval {index} (turn {t + 1})")
+                    rewards[t].append(r)
+                    for a in range(n):
+                        p_hist[j][a].append(paths[j][a][1])
+                        r_hist[j][a].append(joint[a])
+                    if t < turns - 1:
+                        ext = call_transition(transition, item.get(prompt_field, ""), joint, n, p_hist[j], r_hist[j],
+                                              turn=t, branch=f"eval sample {j}")
+                        formatted = next_prompts(ext, item, formatters, self.args.external_prompt_passthrough,
+                                                 prompt_field)
+                        paths[j] = list(zip(formatted, ext))
+        out = {}
+        for t in range(turns):
+            out[f"eval/turn_{t + 1}/reward_mean"] = _mean(rewards[t])
+            out[f"eval/turn_{t + 1}/expected_return"] = _mean(
+                [sum(rewards[u][k] for u in range(t, turns)) for k in range(len(rewards[t]))])
+        return out
+
     # --- training ------------------------------------------------------------------------------------------
     def training_step(self, batch: list[tuple[int, dict]], batch_idx: int) -> None:
         dm = self.trainer.datamodule

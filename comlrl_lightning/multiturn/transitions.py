@@ -78,7 +78,7 @@ def call_transition(
                                 response_history_per_agent=r_hist)
     except TransitionError:
         raise
-    except Exception as exc:  # noqa: BLE001 - re-raised with the turn and branch named
+    except Exception as exc:
         raise TransitionError(f"External transition failed {where}: {type(exc).__name__}: {exc}") from exc
     if not isinstance(result, (list, tuple)):
         raise TransitionError(
@@ -148,7 +148,7 @@ def next_prompts(
         copy[prompt_field] = text
         try:
             formatted = fmt(copy, external_prompts=text) if _declares(fmt, "external_prompts") else fmt(copy)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise ValueError(
                 f"Formatter of agent {a} failed on a transition prompt: {type(exc).__name__}: {exc}. "
                 "Set external_prompt_passthrough=True to use the transition's prompts as they are."

@@ -65,12 +65,12 @@ class MADPOIterTrainer:
         if agent_model is None and agents is None:
             raise ValueError("Either agent_model or agents must be provided.")
         if not callable(reward_func):
-            raise ValueError(f"reward_func must be a callable; got {type(reward_func).__name__}.")
+            raise ValueError(f"reward_func must be a callable; got {type(reward_func).__name__}.")  # noqa: TRY004
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a local file).")
         self.args = args if args is not None else MADPOIterConfig()
         if not isinstance(self.args, MADPOIterConfig):
-            raise ValueError(f"MADPOIterTrainer needs a MADPOIterConfig; got {type(self.args).__name__}.")
+            raise TypeError(f"MADPOIterTrainer needs a MADPOIterConfig; got {type(self.args).__name__}.")
         if agents is not None and num_agents is None:
             self.args.num_agents = len(agents)
         elif num_agents is not None and num_agents != self.args.num_agents:
@@ -86,8 +86,8 @@ class MADPOIterTrainer:
         self.module.comparator = self.comparator
         self.round_callbacks = round_callbacks(self.args, self.comparator)
         extra = [TaskRewardEvaluation()] if evaluation else []
-        kwargs = dict(accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
-                      num_sanity_val_steps=0, max_epochs=self.args.num_iterations * self.args.num_train_epochs)
+        kwargs = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
+                      "num_sanity_val_steps": 0, "max_epochs": self.args.num_iterations * self.args.num_train_epochs}
         kwargs.update(trainer_kwargs or {})
         kwargs["reload_dataloaders_every_n_epochs"] = 1
         self.trainer = L.Trainer(callbacks=[*self.round_callbacks, *extra, *callbacks], **kwargs)

@@ -53,7 +53,7 @@ class MAGRPOTrainer:
         if agent_model is None and agents is None:
             raise ValueError("Either agent_model or agents must be provided.")
         if not callable(reward_func):
-            raise ValueError(f"reward_func must be a callable; got {type(reward_func).__name__}.")
+            raise ValueError(f"reward_func must be a callable; got {type(reward_func).__name__}.")  # noqa: TRY004
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a local file).")
         self.args = args if args is not None else self.config_cls()
@@ -71,8 +71,8 @@ class MAGRPOTrainer:
             num_agents=self.args.num_agents, seed=self.args.seed,
         )
         self.evaluation = TaskRewardEvaluation()
-        kwargs = dict(accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
-                      max_epochs=self.args.num_train_epochs, num_sanity_val_steps=0, log_every_n_steps=1)
+        kwargs = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
+                      "max_epochs": self.args.num_train_epochs, "num_sanity_val_steps": 0, "log_every_n_steps": 1}
         if wandb_config is not None and "logger" not in (trainer_kwargs or {}):
             kwargs["logger"] = _wandb_logger(wandb_config, self.args, self.algorithm_name, self.module.team)
         kwargs.update(trainer_kwargs or {})
