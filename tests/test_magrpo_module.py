@@ -217,3 +217,28 @@ def test_cli_configs_run(name, tmp_path, monkeypatch, capsys):
     if name != "tiny":
         assert "turn_2/reward_mean" in header
     assert (tmp_path / f"outputs/magrpo_{name}/agents/agent_1/config.json").is_file()
+
+
+def test_evaluate_turns_single_paths(tiny_model_dir):
+    from comlrl_lightning.modules.magrpo import MAGRPOModule
+
+    class Oracle:
+        calls: list = []
+
+        def score(self, prompts, texts, item, where):
+            self.calls.append(where)
+            return (2.0 if "turn 2" in where else 1.0), 0.0
+
+    module = MAGRPOModule(agent_model=tiny_model_dir, args=small_args(num_turns=2))
+    seen = []
+
+    def transition(**kw):
+        seen.append(kw["response_history_per_agent"])
+        return plain_transition(**kw)
+
+    oracle = Oracle()
+    out = module.evaluate_turns(ITEMS[:2], FORMATTERS, oracle, transition, samples_per_item=3)
+    assert out == {"eval/turn_1/reward_mean": 1.0, "eval/turn_1/expected_return": 3.0,
+                   "eval/turn_2/reward_mean": 2.0, "eval/turn_2/expected_return": 2.0}
+    assert len(oracle.calls) == 2 * 3 * 2 and len(seen) == 2 * 3  # one path per sample, no tree
+    assert all(len(h[0]) == 1 for h in seen)

@@ -17,25 +17,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 
-from comlrl_lightning.data.preference import PreferenceDataModule, _PairList
+from comlrl_lightning.data.preference import EpochPermutation, PreferenceDataModule, _PairList
 from comlrl_lightning.preferences import PreferencePair
 from comlrl_lightning.replay import ReplayStore
-
-
-class _EpochPermutation(Sampler):
-    """The same permutation however often it is iterated (Lightning iterates a fresh loader again when it
-    resumes at an epoch boundary, which would advance a stateful shuffle generator)."""
-
-    def __init__(self, n: int, seed: int):
-        self.n, self.seed = n, seed
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed)).tolist())
 
 
 class IterativePreferenceDataModule(PreferenceDataModule):
@@ -106,7 +92,7 @@ class IterativePreferenceDataModule(PreferenceDataModule):
         if not self.pairs:
             return DataLoader([{"empty_round": True}], batch_size=None)
         epoch = self.trainer.current_epoch if self.trainer is not None else 0
-        sampler = _EpochPermutation(len(self.pairs), int(self.seed) * 100_003 + int(epoch))
+        sampler = EpochPermutation(len(self.pairs), int(self.seed) * 100_003 + int(epoch))
         # a private generator keeps DataLoader's worker-seed draw off the global torch RNG
         return DataLoader(_PairList(self.pairs), batch_size=self.batch_size, sampler=sampler,
                           generator=torch.Generator().manual_seed(0), collate_fn=self.collate, num_workers=0)

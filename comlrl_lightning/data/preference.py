@@ -12,7 +12,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from comlrl_lightning.data.tasks import build_formatters, load_task_items
 from comlrl_lightning.logprobs import build_scoring_batch
@@ -31,6 +31,20 @@ def _resolve_callable(value: Any, what: str) -> Any:
         except (ImportError, AttributeError) as exc:
             raise ValueError(f"{what}: cannot import {value!r} ({exc}).") from exc
     raise ValueError(f"{what} must be a callable or a dotted import path; got {value!r}.")
+
+
+class EpochPermutation(Sampler):
+    """The same permutation however often it is iterated (Lightning iterates a fresh loader again when it
+    resumes at an epoch boundary, which would advance a stateful shuffle generator)."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed = n, seed
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed)).tolist())
 
 
 class _PairList(Dataset):
@@ -113,9 +127,10 @@ class PreferenceDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         epoch = self.trainer.current_epoch if self.trainer is not None else 0
-        g = torch.Generator().manual_seed(int(self.seed) * 100_003 + int(epoch))
-        return DataLoader(_PairList(self.pairs), batch_size=self.batch_size, shuffle=bool(self.pairs), generator=g,
-                          collate_fn=self.collate, num_workers=0)
+        sampler = EpochPermutation(len(self.pairs), int(self.seed) * 100_003 + int(epoch))
+        # a private generator keeps DataLoader's worker-seed draw off the global torch RNG
+        return DataLoader(_PairList(self.pairs), batch_size=self.batch_size, sampler=sampler,
+                          generator=torch.Generator().manual_seed(0), collate_fn=self.collate, num_workers=0)
 
     def state_dict(self) -> dict[str, Any]:
         return {"pairs": [dict(p.to_json(), _ids=[p.prompt_token_ids, p.winner_token_ids, p.loser_token_ids])

@@ -363,7 +363,6 @@ class MAGRPOModule(L.LightningModule):
             f"turn_{t}/expected_return": _mean([s.node_mean_return for s in group]),
             f"train/agent{agent}/reward_std": _mean([s.reward_std for s in group]),
             f"train/agent{agent}/completions/mean_length": _mean(lengths),
-            f"train/agent{agent}/loss": _mean(losses),
             "train/loss": _mean(losses),
             "env_step": float(self.env_step),
         }
