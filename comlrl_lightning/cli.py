@@ -12,7 +12,15 @@ from __future__ import annotations
 
 def _make_cli_class():
     import lightning as L
-    from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+
+    class RedactingSaveConfigCallback(SaveConfigCallback):
+        """Saves the run's config like Lightning does, minus literal API keys and secret headers."""
+
+        def __init__(self, parser, config, *args, **kwargs):
+            from comlrl_lightning.config import redact_secrets
+
+            super().__init__(parser, redact_secrets(config), *args, **kwargs)
 
     class ComlrlCLI(LightningCLI):
         def before_fit(self) -> None:
@@ -30,6 +38,7 @@ def _make_cli_class():
                 before, after = history[0][1].get("eval/reward_mean"), history[-1][1].get("eval/reward_mean")
                 print(f"task reward (eval/reward_mean): before {before:.4f} -> after {after:.4f}")
 
+    ComlrlCLI.save_callback = RedactingSaveConfigCallback
     return ComlrlCLI, L
 
 
@@ -42,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         subclass_mode_model=True,
         subclass_mode_data=True,
         auto_configure_optimizers=False,
+        save_config_callback=cli_cls.save_callback,
         save_config_kwargs={"overwrite": True},
         args=argv,
     )

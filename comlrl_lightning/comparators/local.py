@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from comlrl_lightning.agents import AgentTeam, build_agents, load_tokenizer
-from comlrl_lightning.generation import Samples, SamplingStream
+from comlrl_lightning.generation import Samples, SamplingStream, sample_completions
 from comlrl_lightning.preferences import sample_team
 
 __all__ = [
@@ -133,6 +133,16 @@ class LocalComparator:
         if self.streams is None:
             raise RuntimeError(f"{type(self).__name__}.setup(trainer, pl_module) must run before sampling.")
         return sample_team(self.team(), prompts, num_candidates, self.pl_module.sampling_settings(), self.streams)
+
+    def sample_agent(self, agent_index: int, prompts: Sequence[str], num_candidates: int,
+                     items: Sequence[dict] | None = None) -> Samples:
+        """Samples of one comparator slot only (used by centralized comparator generation)."""
+        if self.streams is None:
+            raise RuntimeError(f"{type(self).__name__}.setup(trainer, pl_module) must run before sampling.")
+        team = self.team()
+        with team.activate(agent_index) as model:
+            return sample_completions(model, team.tokenizers[agent_index], list(prompts), num_candidates,
+                                      self.pl_module.sampling_settings(), self.streams[agent_index])
 
     def state_dict(self) -> dict:
         return {"policy": self.policy, "streams": [_stream_state(s) for s in self.streams or []]}
@@ -339,21 +349,21 @@ class APIComparator:
 
     def sample(self, prompts: Sequence[Sequence[str]], num_candidates: int,
                items: Sequence[dict] | None = None) -> list[Samples]:
+        return [self.sample_agent(a, agent_prompts, num_candidates, items) for a, agent_prompts in enumerate(prompts)]
+
+    def sample_agent(self, agent_index: int, prompts: Sequence[str], num_candidates: int,
+                     items: Sequence[dict] | None = None) -> Samples:
         s = self.pl_module.sampling_settings()
-        num_items = len(prompts[0])
-        items = list(items) if items is not None else [{} for _ in range(num_items)]
-        out = []
-        for a, agent_prompts in enumerate(prompts):
-            reqs = [self.request_cls(prompt=p, agent_index=a, item=items[k], num_candidates=num_candidates,
-                                     max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-                                     top_k=s.top_k) for k, p in enumerate(agent_prompts)]
-            texts = self.client.generate(reqs)
-            for k, t in enumerate(texts):
-                if not t:
-                    raise ValueError(f"Comparator API returned no completions for agent {a} (task item {k}).")
-            out.append(Samples(prompt_ids=[[] for _ in texts], completion_ids=[[[] for _ in t] for t in texts],
-                               texts=[list(t) for t in texts]))
-        return out
+        items = list(items) if items is not None else [{} for _ in prompts]
+        reqs = [self.request_cls(prompt=p, agent_index=agent_index, item=items[k], num_candidates=num_candidates,
+                                 max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                                 top_k=s.top_k) for k, p in enumerate(prompts)]
+        texts = self.client.generate(reqs)
+        for k, t in enumerate(texts):
+            if not t:
+                raise ValueError(f"Comparator API returned no completions for agent {agent_index} (task item {k}).")
+        return Samples(prompt_ids=[[] for _ in texts], completion_ids=[[[] for _ in t] for t in texts],
+                       texts=[list(t) for t in texts])
 
     def prepare(self, round_index: int) -> None:
         pass
@@ -383,12 +393,65 @@ def _api_comparator(cfg: Any) -> APIComparator:
     return APIComparator(client_cls.from_config(cfg), request_cls)
 
 
-def build_comparator(cfg: Any, model_config: dict | None = None) -> Any:
-    """The comparator source for an iterative config (``comparator_policy`` and its options)."""
+class CentralizedComparator:
+    """Centralized comparator generation (spec §5.4): one slot writes every role's answer in one text.
+
+    Slot ``agent_index`` of the ``inner`` source (any policy: live agent, copy, model, snapshot or API)
+    samples joint completions of ``adapter.build_prompt(item, per-role prompts)``; each joint text is parsed
+    back into role texts with ``adapter.parse_completion``, candidate order kept. A parse failure raises
+    :class:`~comlrl_lightning.comparators.centralized.CentralizedComparatorParseError` with the raw text.
+    """
+
+    def __init__(self, inner: Any, adapter: Any = None, agent_index: int = 0):
+        from comlrl_lightning.comparators.centralized import TaggedCentralizedComparatorAdapter
+
+        self.inner = inner
+        self.adapter = adapter if adapter is not None else TaggedCentralizedComparatorAdapter()
+        for name in ("build_prompt", "parse_completion"):
+            if not callable(getattr(self.adapter, name, None)):
+                raise TypeError(f"centralized_comparator_adapter.{name} must be callable.")
+        if not hasattr(inner, "sample_agent"):
+            raise TypeError(f"{type(inner).__name__} cannot sample a single slot (no sample_agent method).")
+        self.agent_index = agent_index
+        self.policy = getattr(inner, "policy", "local")
+
+    def __getattr__(self, name: str) -> Any:  # setup/prepare/release/state_dict/... come from the inner source
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def sample(self, prompts: Sequence[Sequence[str]], num_candidates: int,
+               items: Sequence[dict] | None = None) -> list[Samples]:
+        from comlrl_lightning.comparators.centralized import build_centralized_prompt, split_joint_completions
+
+        num_agents, num_items = len(prompts), len(prompts[0])
+        items = list(items) if items is not None else [{} for _ in range(num_items)]
+        joint_prompts = [build_centralized_prompt(self.adapter, items[k], [prompts[a][k] for a in range(num_agents)])
+                         for k in range(num_items)]
+        joint = self.inner.sample_agent(self.agent_index, joint_prompts, num_candidates, items)
+        per_item = [split_joint_completions(self.adapter, joint.texts[k], items[k], num_agents)
+                    for k in range(num_items)]
+        return [Samples(prompt_ids=[[] for _ in range(num_items)],
+                        completion_ids=[[[] for _ in per_item[k][a]] for k in range(num_items)],
+                        texts=[per_item[k][a] for k in range(num_items)]) for a in range(num_agents)]
+
+
+def build_comparator(cfg: Any, model_config: dict | None = None, adapter: Any = None) -> Any:
+    """The comparator source for an iterative config (``comparator_policy``, ``comparator_generation_mode``
+    and their options); ``adapter`` is the centralized prompt builder/parser (default: the tagged format)."""
+    source = _decentralized_comparator(cfg, model_config)
+    if getattr(cfg, "comparator_generation_mode", "decentralized") == "centralized":
+        return CentralizedComparator(source, adapter, cfg.comparator_centralized_agent_index)
+    return source
+
+
+def _decentralized_comparator(cfg: Any, model_config: dict | None = None) -> Any:
     policy = cfg.comparator_policy
-    if getattr(cfg, "comparator_generation_mode", "decentralized") != "decentralized" and policy != "api":
-        raise ValueError("comparator_generation_mode='centralized' is not supported by the iterative trainers "
-                         "yet; use comparator_generation_mode='decentralized'.")
+    if (policy == "model" and cfg.comparator_agents is not None and len(cfg.comparator_agents) == 1
+            and getattr(cfg, "comparator_generation_mode", "decentralized") == "centralized"):
+        # one comparator model writes for every role: it fills every slot (the centralized slot included)
+        return ModelComparator(list(cfg.comparator_agents) * cfg.num_agents, model_config=model_config,
+                               devices=cfg.comparator_devices)
     if policy == "current":
         return CurrentComparator()
     if policy == "current_copy":

@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.agents import AgentTeam, build_agents
-from comlrl_lightning.config import MADPOConfig, MADPOIterConfig
+from comlrl_lightning.config import MADPOConfig, MADPOIterConfig, redact_secrets
 from comlrl_lightning.generation import SamplingSettings
 from comlrl_lightning.logprobs import sequence_logps
 from comlrl_lightning.losses import madpo_loss, madpo_loss_detached_others
@@ -61,6 +61,8 @@ class MADPOModule(L.LightningModule):
         self.automatic_optimization = False
         self.args = args if args is not None else MADPOConfig()
         self.save_hyperparameters(ignore=["agents", "tokenizer", "optimizer", "lr_scheduler"])
+        # a literal API key never reaches a checkpoint or a logger's hparams file
+        self.save_hyperparameters({**self.hparams, "args": redact_secrets(self.args)})
         self.team: AgentTeam = build_agents(
             agent_model=agent_model if agents is None else None, agents=agents, num_agents=self.args.num_agents,
             tokenizer=tokenizer, model_config=model_config, lora=lora,

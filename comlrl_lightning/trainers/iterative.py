@@ -40,7 +40,9 @@ class MADPOIterTrainer:
 
     Args mirror :class:`~comlrl_lightning.trainers.preference.MADPOTrainer`; ``args`` is a
     :class:`~comlrl_lightning.config.MADPOIterConfig`. ``comparator`` overrides the source built from
-    ``args.comparator_policy``; ``evaluation=False`` drops the task-reward evaluation callback.
+    ``args.comparator_policy``; ``evaluation=False`` drops the task-reward evaluation callback;
+    ``centralized_comparator_adapter`` (an object with ``build_prompt`` and ``parse_completion``) replaces the
+    tagged format of ``comparator_generation_mode='centralized'``.
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class MADPOIterTrainer:
         lora: dict | None = None,
         comparator: Any = None,
         evaluation: bool = True,
+        centralized_comparator_adapter: Any = None,
         callbacks: Sequence[L.Callback] = (),
         trainer_kwargs: dict | None = None,
     ):
@@ -82,7 +85,8 @@ class MADPOIterTrainer:
             reward_processor=reward_processor, formatters=formatters, num_agents=self.args.num_agents,
             seed=self.args.seed,
         )
-        self.comparator = comparator if comparator is not None else build_comparator(self.args, model_config)
+        self.comparator = comparator if comparator is not None else build_comparator(
+            self.args, model_config, adapter=centralized_comparator_adapter)
         self.module.comparator = self.comparator
         self.round_callbacks = round_callbacks(self.args, self.comparator)
         extra = [TaskRewardEvaluation()] if evaluation else []
