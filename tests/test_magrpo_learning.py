@@ -43,26 +43,28 @@ def test_single_turn_magrpo_learns_the_cooperative_task(tiny_model_dir):
     before = evaluate()
     tr.train()
     after = evaluate()
-    # Measured (seeds 0, 1, 2; 20 items, 40 AdamW steps): see MARGIN_SINGLE below.
-    assert after - before > MARGIN_SINGLE, (before, after)
+    # Measured with seeds 0, 1, 2, 3 (20 items, 40 AdamW steps): before 0.874 (fixed eval seeds), after
+    # 1.373 / 1.385 / 1.318 / 1.408, i.e. gains 0.50 / 0.51 / 0.44 / 0.53 (run-to-run std 0.04; the
+    # reward's maximum is 1.5). The 0.3 margin is > 3 run-to-run stds below the smallest gain and ~10
+    # standard errors of the 64-sample evaluation mean above zero.
+    assert after - before > 0.3, (before, after)
 
 
 def test_two_turn_magrpo_learns_with_the_plain_transition(tiny_model_dir):
-    tr = _trainer(tiny_model_dir, N_ITEMS_MULTI, num_turns=2, num_generations=4)
+    tr = _trainer(tiny_model_dir, 8, num_turns=2, num_generations=4)
     dm = tr.datamodule
     eval_items = load_task_items("builtin:cooperative_eval")
 
     def evaluate():
-        return tr.module.evaluate_turns(eval_items, dm.formatters, dm.oracle, plain_transition, samples_per_item=4)
+        return tr.module.evaluate_turns(eval_items, dm.formatters, dm.oracle, plain_transition, samples_per_item=2)
 
     before = evaluate()
     tr.train()
     after = evaluate()
+    # Measured with seeds 0, 1, 2 (8 items, 5 nodes per tree, 80 AdamW steps): before turn 1 0.906 and
+    # turn 2 0.911; after turn 1 1.397 / 1.438 / 1.371 (gains 0.49 / 0.53 / 0.47), turn 2 1.438 / 1.475 /
+    # 1.404 (gains 0.53 / 0.56 / 0.49). With 4 items the gains were 0.02-0.49: too few steps to be reliable.
     for t in (1, 2):
         key = f"eval/turn_{t}/reward_mean"
-        assert after[key] - before[key] > MARGIN_MULTI, (t, before, after)
-
-
-MARGIN_SINGLE = 0.15
-MARGIN_MULTI = 0.1
-N_ITEMS_MULTI = 8
+        assert after[key] - before[key] > 0.3, (t, before, after)
+    assert after["eval/turn_1/expected_return"] > before["eval/turn_1/expected_return"] + 0.6

@@ -7,20 +7,28 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-BUILTIN_DATASETS = ("builtin:cooperative", "builtin:cooperative_eval")
+BUILTIN_DATASETS = ("builtin:cooperative", "builtin:cooperative_eval", "builtin:code", "builtin:code_eval")
+CODE_EVAL_SIZE = 5  # the last problems of the built-in code set are its evaluation split
 
 
 def load_task_items(source: Any, split: str = "train") -> list[dict]:
     """Task items as a list of dicts.
 
     ``source``: a ``datasets.Dataset`` or list of dicts; ``builtin:cooperative`` (train part of the built-in
-    task) or ``builtin:cooperative_eval``; a local ``.json``/``.jsonl``/``.csv``/``.parquet`` file; or a hub
+    task) or ``builtin:cooperative_eval``; ``builtin:code`` / ``builtin:code_eval`` (the built-in coding
+    problems, all but the last five / the last five); a local ``.json``/``.jsonl``/``.csv``/``.parquet`` file; or a hub
     dataset name (fails at once with a clear message when HF_HUB_OFFLINE is set and it is not cached).
     """
     if source is None:
         return []
     if isinstance(source, str):
-        if source in BUILTIN_DATASETS:
+        if source in ("builtin:code", "builtin:code_eval"):
+            from comlrl_lightning.envs.code import load_code_problems
+
+            ds = load_code_problems()
+            n = len(ds)
+            ds = ds.select(range(n - CODE_EVAL_SIZE, n) if source.endswith("_eval") else range(n - CODE_EVAL_SIZE))
+        elif source in BUILTIN_DATASETS:
             from comlrl_lightning.envs.cooperative import load_cooperative_dataset
 
             ds = load_cooperative_dataset("eval" if source.endswith("_eval") else "train")
