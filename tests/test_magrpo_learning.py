@@ -20,9 +20,9 @@ pytestmark = pytest.mark.slow
 
 
 def _trainer(model_dir, n_items, **kw):
-    base = dict(num_train_epochs=1, num_generations=8, num_turns=1, max_new_tokens=16, temperature=1.0, top_p=1.0,
-                top_k=None, agent_learning_rate=1e-2, rollout_buffer_size=1, eval_interval=0, eval_num_samples=0,
-                logging_steps=1, seed=0)
+    base = {"num_train_epochs": 1, "num_generations": 8, "num_turns": 1, "max_new_tokens": 16, "temperature": 1.0, "top_p": 1.0,
+                "top_k": None, "agent_learning_rate": 1e-2, "rollout_buffer_size": 1, "eval_interval": 0, "eval_num_samples": 0,
+                "logging_steps": 1, "seed": 0}
     base.update(kw)
     args = MAGRPOConfig(**base)
     return MAGRPOTrainer(agent_model=model_dir, train_dataset=load_task_items("builtin:cooperative")[:n_items],

@@ -223,7 +223,8 @@ def test_evaluate_turns_single_paths(tiny_model_dir):
     from comlrl_lightning.modules.magrpo import MAGRPOModule
 
     class Oracle:
-        calls: list = []
+        def __init__(self):
+            self.calls = []
 
         def score(self, prompts, texts, item, where):
             self.calls.append(where)
@@ -242,3 +243,20 @@ def test_evaluate_turns_single_paths(tiny_model_dir):
                    "eval/turn_2/reward_mean": 2.0, "eval/turn_2/expected_return": 2.0}
     assert len(oracle.calls) == 2 * 3 * 2 and len(seen) == 2 * 3  # one path per sample, no tree
     assert all(len(h[0]) == 1 for h in seen)
+
+
+def test_progress_state_survives_a_weights_only_checkpoint(tiny_model_dir, tmp_path):
+    from comlrl_lightning.modules.magrpo import MAGRPOModule
+
+    module = MAGRPOModule(agent_model=tiny_model_dir, args=small_args(seed=3))
+    module.env_step, module.updates_seen, module.optimizer_steps = 12, 3, 6
+    module.streams[1].next_seed()
+    module.shuffle_rng.random()
+    ckpt: dict = {}
+    module.on_save_checkpoint(ckpt)
+    torch.save(ckpt, tmp_path / "state.pt")
+    restored = MAGRPOModule(agent_model=tiny_model_dir, args=small_args(seed=3))
+    restored.on_load_checkpoint(torch.load(tmp_path / "state.pt", weights_only=True))
+    assert (restored.env_step, restored.updates_seen, restored.optimizer_steps) == (12, 3, 6)
+    assert [s.next_seed() for s in restored.streams] == [s.next_seed() for s in module.streams]
+    assert restored.shuffle_rng.random() == module.shuffle_rng.random()
