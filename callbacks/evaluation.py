@@ -1,8 +1,9 @@
 """TaskRewardEvaluation: sample the current policies on eval items and score with the task reward only.
 
 Runs before every ``eval_interval``-th update (update 0 included, as upstream) and once at the end of
-training. Logs ``eval/reward_mean``, ``eval/turn_1/reward_mean``, ``eval/turn_1/expected_return`` and
-``eval/agent{i}/completions/mean_length`` (characters).
+training. Logs ``eval/reward_mean``, ``eval/turn_{t}/reward_mean``, ``eval/turn_{t}/expected_return`` and,
+single-turn, ``eval/agent{i}/completions/mean_length`` (characters). Multi-turn modules evaluate every turn
+through their own single-path rollout (spec multiturn.md §10.2).
 """
 
 from __future__ import annotations
@@ -66,12 +67,31 @@ class TaskRewardEvaluation(L.Callback):
         items = list(dm.eval_items[:n])
         if not items:
             return {}
-        metrics = evaluate_team(pl_module.team, items, dm.formatters, dm.oracle, pl_module.sampling_settings(),
-                                self.seed, self.samples_per_item)
+        metrics = self._evaluate(pl_module, dm, items)
         self.history.append((pl_module.updates_seen, metrics))
         log_metrics(trainer, metrics)
         rank_zero_info(f"[eval {label}] update {pl_module.updates_seen}: task reward "
                        f"{metrics['eval/reward_mean']:.4f}")
+        return metrics
+
+    def _evaluate(self, pl_module, dm, items) -> dict:
+        """Single-turn: :func:`evaluate_team`. Multi-turn (``args.num_turns > 1``): the module's own
+        single-path rollout (``evaluate_turns`` for MAGRPO, ``evaluate`` for actor-critic), still scored with
+        the data module's task oracle; ``eval/reward_mean`` is then the mean immediate reward over all turns."""
+        turns = int(getattr(pl_module.args, "num_turns", 1) or 1)
+        if turns > 1 and hasattr(pl_module, "evaluate_turns"):
+            metrics = pl_module.evaluate_turns(items, dm.formatters, dm.oracle, getattr(dm, "external_transition", None),
+                                               samples_per_item=self.samples_per_item, seed=self.seed,
+                                               prompt_field=getattr(dm, "prompt_field", "prompt"))
+        elif turns > 1 and hasattr(pl_module, "evaluate"):
+            metrics = pl_module.evaluate(items, seed=self.seed)
+        else:
+            return evaluate_team(pl_module.team, items, dm.formatters, dm.oracle, pl_module.sampling_settings(),
+                                 self.seed, self.samples_per_item)
+        per_turn = [metrics[f"eval/turn_{t}/reward_mean"] for t in range(1, turns + 1)
+                    if f"eval/turn_{t}/reward_mean" in metrics]
+        metrics = dict(metrics)
+        metrics["eval/reward_mean"] = sum(per_turn) / len(per_turn)
         return metrics
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 TINY_MODEL_NAME = "embedded:tiny"
 
 #: Bumped whenever the recipe changes so that cached builds are rebuilt.
-TINY_RECIPE_VERSION = 1
+TINY_RECIPE_VERSION = 2
 
 PAD, EOS, IM_START, IM_END = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 
@@ -116,7 +116,7 @@ def build_tiny_model(
             bos_token=None,
             additional_special_tokens=[IM_START, IM_END],
             padding_side="left",
-            model_max_length=512,
+            model_max_length=4096,
         )
         tokenizer.chat_template = CHATML_TEMPLATE
         config = Qwen2Config(
@@ -126,7 +126,7 @@ def build_tiny_model(
             num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
             num_key_value_heads=num_kv_heads,
-            max_position_embeddings=512,
+            max_position_embeddings=4096,
             tie_word_embeddings=True,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,

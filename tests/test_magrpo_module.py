@@ -260,3 +260,29 @@ def test_progress_state_survives_a_weights_only_checkpoint(tiny_model_dir, tmp_p
     assert (restored.env_step, restored.updates_seen, restored.optimizer_steps) == (12, 3, 6)
     assert [s.next_seed() for s in restored.streams] == [s.next_seed() for s in module.streams]
     assert restored.shuffle_rng.random() == module.shuffle_rng.random()
+
+
+def test_evaluation_callback_covers_every_turn_of_a_multiturn_run(tmp_path, monkeypatch, capsys):
+    """TaskRewardEvaluation evaluates each turn of a 2-turn MAGRPO run through the module's own rollout."""
+    from pathlib import Path
+
+    from comlrl_lightning.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(root / "configs/magrpo/multiturn_tiny.yaml"), "--trainer.max_epochs=1",
+          "--trainer.limit_train_batches=1", "--trainer.enable_progress_bar=false",
+          "--trainer.logger=CSVLogger", "--trainer.logger.save_dir=logs",
+          "--model.init_args.args.num_generations=2", "--model.init_args.args.max_new_tokens=4",
+          "--model.init_args.args.eval_num_samples=2"])
+    import csv
+
+    (metrics_file,) = list(tmp_path.glob("logs/lightning_logs/version_*/metrics.csv"))
+    header = next(csv.reader(open(metrics_file)))
+    for key in ("eval/turn_1/reward_mean", "eval/turn_2/reward_mean", "eval/turn_1/expected_return",
+                "eval/reward_mean"):
+        assert key in header, key
+    rows = [r for r in csv.DictReader(open(metrics_file)) if r.get("eval/turn_2/reward_mean")]
+    r = rows[-1]
+    mean = (float(r["eval/turn_1/reward_mean"]) + float(r["eval/turn_2/reward_mean"])) / 2
+    assert abs(float(r["eval/reward_mean"]) - mean) < 1e-6

@@ -44,6 +44,9 @@ class TaskDataModule(L.LightningDataModule):
         reward_processor: optional float → float applied to every raw reward.
         formatters: None, one callable, or one per agent (callables or dotted paths).
         external_transition: the multi-turn transition (callable or dotted path; None for single turn).
+        external_transition_options: when given, ``external_transition`` is a factory called with these
+            keyword arguments (e.g. ``make_code_transition`` with ``{"mode": "level_feedback"}``). A transition
+            with a ``register(items)`` method is given the train and eval items.
         num_agents: number of agents (checked against the module's team in ``setup``).
         prompt_field: the item field holding the raw prompt.
         shuffle: shuffle the items every epoch (upstream: no shuffle).
@@ -58,6 +61,7 @@ class TaskDataModule(L.LightningDataModule):
         reward_processor: Callable | str | None = None,
         formatters: Any = "comlrl_lightning.envs.cooperative.FORMATTERS",
         external_transition: Callable | str | None = None,
+        external_transition_options: dict | None = None,
         num_agents: int = 2,
         prompt_field: str = "prompt",
         shuffle: bool = False,
@@ -73,11 +77,18 @@ class TaskDataModule(L.LightningDataModule):
         if isinstance(formatters, (list, tuple)):
             formatters = [_resolve_callable(f, f"formatters[{i}]") for i, f in enumerate(formatters)]
         self.formatters = build_formatters(formatters, num_agents, prompt_field)
-        self.external_transition = _resolve_callable(external_transition, "external_transition")
+        transition = _resolve_callable(external_transition, "external_transition")
+        if external_transition_options is not None:
+            if transition is None:
+                raise ValueError("external_transition_options needs external_transition (a factory to call).")
+            transition = transition(**external_transition_options)  # e.g. make_code_transition(mode=...)
+        self.external_transition = transition
         self.num_agents = num_agents
         self.prompt_field = prompt_field
         self.train_items = load_task_items(train_dataset, "train")
         self.eval_items = load_task_items(eval_dataset, "test") if eval_dataset is not None else []
+        if hasattr(transition, "register"):  # transitions that look tasks up by prompt (code environment)
+            transition.register(self.train_items + self.eval_items)
         if not self.train_items:
             raise ValueError("train_dataset is empty: there is nothing to train on.")
         self.shuffle = shuffle
