@@ -34,7 +34,8 @@ def test_two_turn_magrpo_with_level_feedback(tiny_model_dir):
     spy = Spy(make_code_transition("level_feedback", problems=items, timeout_s=2.0))
     args = MAGRPOConfig(num_turns=2, num_generations=2, joint_mode="aligned", max_new_tokens=16,
                         temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-3, num_train_epochs=1,
-                        rollout_buffer_size=2, eval_interval=0, eval_num_samples=1, seed=0)
+                        rollout_buffer_size=2, eval_interval=0, eval_num_samples=1, seed=0,
+                        logging_steps=1)
     tr = MAGRPOTrainer(agent_model=tiny_model_dir, train_dataset=items, eval_dataset=items[:1],
                        reward_func=code_reward_func, formatters=FORMATTERS, external_transition=spy, args=args,
                        trainer_kwargs=cpu_trainer_kwargs())
@@ -47,7 +48,7 @@ def test_two_turn_magrpo_with_level_feedback(tiny_model_dir):
         # level_feedback reports the static checks and the sandboxed test outcome to each agent
         assert "aux" in aux_prompt and ("Tests:" in main_prompt or "not found" in main_prompt
                                         or "SyntaxError" in main_prompt or "syntax" in main_prompt.lower())
-    assert "turn_2/reward_mean" in metrics and "eval/reward_mean" in metrics
+    assert "turn_2/reward_mean" in metrics and "eval/turn_2/reward_mean" in metrics
 
 
 @pytest.mark.parametrize("name", ["code_level_feedback_tiny", "code_plain_tiny"])
