@@ -319,6 +319,10 @@ class ActorCriticModule(L.LightningModule):
         self.last_rollouts: list[dict] = []
         self.formatters: list[Callable] | None = None
         self.oracle: Any = None
+        #: Reward oracle of *training* rollouts only; None = ``self.oracle`` (the task reward). MARLHF sets a
+        #: learned reward here: an object with ``reward_func`` (called like a task reward function) and
+        #: ``reward_processor``. :meth:`evaluate` and the evaluation callback keep the task reward.
+        self.train_oracle: Any = None
         self.external_transition: Callable | None = None
 
     # --- setup --------------------------------------------------------------------------------------------
@@ -433,11 +437,11 @@ class ActorCriticModule(L.LightningModule):
                              f"{where}.")
         return text
 
-    def _turn_rewards(self, prompts: list[str], texts: list[list[str]], item: dict, where: str, k: int
-                      ) -> tuple[list[list[float]], float]:
+    def _turn_rewards(self, prompts: list[str], texts: list[list[str]], item: dict, where: str, k: int,
+                      oracle: Any = None) -> tuple[list[list[float]], float]:
         """One reward call for a turn → (per-agent × per-generation rewards, the termination mean) (§6.3)."""
         n = self.team.num_agents
-        oracle = self.oracle
+        oracle = self.oracle if oracle is None else oracle
         try:
             raw = call_reward_function(oracle.reward_func, prompts, texts, [item])
         except Exception as exc:
@@ -484,8 +488,10 @@ class ActorCriticModule(L.LightningModule):
             out.append(sequence_kl(policy, ref, batch["score_mask"]).float().tolist())
         return out
 
-    def collect(self, item: dict, item_index: Any = 0, num_generations: int | None = None) -> list[dict]:
-        """Roll out one task item (one episode); returns every sample, with TD targets set (§4.3)."""
+    def collect(self, item: dict, item_index: Any = 0, num_generations: int | None = None, oracle: Any = None
+                ) -> list[dict]:
+        """Roll out one task item (one episode); returns every sample, with TD targets set (§4.3).
+        ``oracle`` overrides the bound task oracle for this rollout (training uses ``train_oracle``)."""
         from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
 
         if self.formatters is None or self.oracle is None:
@@ -518,7 +524,7 @@ class ActorCriticModule(L.LightningModule):
                 turn.append([{"agent": j, "turn": t, "gen": g, "item": item_index, "prompt_ids": out.prompt_ids[0],
                               "completion_ids": out.completion_ids[0][g], "text_len": len(out.texts[0][g])}
                              for g in range(k)])
-            rewards, mean_reward = self._turn_rewards(prompts, texts, item, f"{where}, turn {t + 1}", k)
+            rewards, mean_reward = self._turn_rewards(prompts, texts, item, f"{where}, turn {t + 1}", k, oracle)
             if self.is_maac:
                 tok0 = self.team.tokenizers[0]
                 for g in range(k):
@@ -589,7 +595,7 @@ class ActorCriticModule(L.LightningModule):
         n = self.team.num_agents
         for entry in items:
             index, item = entry if isinstance(entry, tuple) else (batch_idx, entry)
-            rollouts = self.collect(item, index)
+            rollouts = self.collect(item, index, oracle=self.train_oracle)
             self.last_rollouts = rollouts
             self.env_step += len(rollouts) // n
             for s in rollouts:

@@ -119,6 +119,10 @@ class MAGRPOModule(L.LightningModule):
         self.updates_seen = 0
         self.optimizer_steps = 0
         self._last_logged_step: int | None = None
+        #: Reward oracle of *training* rollouts only; None = the datamodule's task oracle (``dm.oracle``).
+        #: MARLHF sets a learned reward here (an object with ``score(prompts, completions, item, index) ->
+        #: (processed, raw)``). Evaluation never reads it: it always scores with the task reward.
+        self.train_oracle: Any = None
 
     # --- small interface used by callbacks ---------------------------------------------------------------
     def sampling_settings(self) -> SamplingSettings:
@@ -257,9 +261,10 @@ class MAGRPOModule(L.LightningModule):
     # --- training ------------------------------------------------------------------------------------------
     def training_step(self, batch: list[tuple[int, dict]], batch_idx: int) -> None:
         dm = self.trainer.datamodule
+        oracle = self.train_oracle if self.train_oracle is not None else dm.oracle
         losses = []
         for index, item in batch:
-            _, samples = self.rollout(item, index, dm.formatters, dm.oracle, getattr(dm, "external_transition", None),
+            _, samples = self.rollout(item, index, dm.formatters, oracle, getattr(dm, "external_transition", None),
                                       getattr(dm, "prompt_field", "prompt"))
             # §2.9: group by node env_step (pre-order), agents in index order; drain ready agents per group.
             for _, group in itertools.groupby(samples, key=lambda s: s.env_step):
