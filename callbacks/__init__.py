@@ -7,6 +7,7 @@ from comlrl_lightning.callbacks.history_checkpoint import HistoryCheckpoint
 from comlrl_lightning.callbacks.iterative_collection import IterativePreferenceCollection
 from comlrl_lightning.callbacks.preference_collection import PreferenceCollection
 from comlrl_lightning.callbacks.replay_selection import ReplaySelection
+from comlrl_lightning.callbacks.reward_distribution import RewardDistributionLogger
 
 __all__ = ["ComparatorRefresh", "ExportAgents", "HistoryCheckpoint", "IterativePreferenceCollection",
-           "PreferenceCollection", "ReplaySelection", "TaskRewardEvaluation"]
+           "PreferenceCollection", "ReplaySelection", "RewardDistributionLogger", "TaskRewardEvaluation"]

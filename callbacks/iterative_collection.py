@@ -110,10 +110,13 @@ class IterativePreferenceCollection(L.Callback):
             new, stats = build_iterative_pairs(chunk, prompts, current, comp, dm.oracle.score, args.pair_selection,
                                                args.preference_pairs_per_sample, self.rng, item_offset=start)
             pairs.extend(new)
-            for f in ("num_items", "num_candidates", "num_pairs", "num_ties", "reward_sum", "wins", "comparisons"):
+            for f in ("num_items", "num_candidates", "num_pairs", "num_ties", "reward_sum", "wins", "comparisons",
+                      "target_raw_rewards", "comparator_raw_rewards"):
                 setattr(total, f, getattr(total, f) + getattr(stats, f))
         self.next_round = round_index + 1
         dm.add_round(pairs)
+        if hasattr(dm, "record_candidate_rewards"):  # optional sink: the raw rewards of every candidate
+            dm.record_candidate_rewards(round_index, total.target_raw_rewards, total.comparator_raw_rewards)
         decided = total.comparisons - total.num_ties
         metrics = {
             "round/index": round_index,

@@ -154,6 +154,8 @@ class CollectionStats:
     reward_sum: float = 0.0
     wins: int = 0
     comparisons: int = 0
+    target_raw_rewards: list = field(default_factory=list)
+    comparator_raw_rewards: list = field(default_factory=list)
 
     @property
     def reward_mean(self) -> float:
@@ -302,6 +304,8 @@ def build_iterative_pairs(
             scored = [score(agent_prompts, t, item, item_offset + k) for t in texts]
             sides.append((texts, [s[0] for s in scored], [s[1] for s in scored]))
         (c_texts, c, c_raw), (p_texts, p, p_raw) = sides
+        stats.target_raw_rewards.extend(c_raw)
+        stats.comparator_raw_rewards.extend(p_raw)
         every = c + p
         mean = sum(every) / len(every) if every else 0.0
         aligned = min(len(c), len(p))

@@ -51,6 +51,11 @@ class IterativePreferenceDataModule(PreferenceDataModule):
         self.pending_round = self.rounds_added
         self.rounds_added += 1
 
+    def record_candidate_rewards(self, round_index: int, target: Sequence[float], comparator: Sequence[float]) -> None:
+        """Raw rewards of every current ("target") and comparator candidate of a round (for distributions)."""
+        self.candidate_raw_rewards = {"round": int(round_index), "target": list(target),
+                                      "comparator": list(comparator)}
+
     def commit_round(self, mode: str, sample_size: int | None = None, k: int | None = None,
                      lam: float | None = None) -> dict[str, int]:
         """Write the pending round's file and select its training pairs (spec §4.1). Returns counts."""

@@ -18,9 +18,11 @@ from comlrl_lightning.callbacks import (
     HistoryCheckpoint,
     IterativePreferenceCollection,
     ReplaySelection,
+    RewardDistributionLogger,
     TaskRewardEvaluation,
 )
 from comlrl_lightning.comparators.local import build_comparator
+from comlrl_lightning.distributions import resolve_reward_range
 from comlrl_lightning.config import MADPOIterConfig
 from comlrl_lightning.data.iterative import IterativePreferenceDataModule
 from comlrl_lightning.modules.madpo import MADPOModule
@@ -32,6 +34,8 @@ def round_callbacks(args: MADPOIterConfig, comparator: Any = None) -> list[L.Cal
     if args.policy_checkpoint_dir is not None or args.comparator_policy == "history":
         cbs.append(HistoryCheckpoint())
     cbs += [ComparatorRefresh(comparator), IterativePreferenceCollection(comparator), ReplaySelection()]
+    if args.log_reward_distribution:
+        cbs.append(RewardDistributionLogger())
     return cbs
 
 
@@ -74,6 +78,8 @@ class MADPOIterTrainer:
         self.args = args if args is not None else MADPOIterConfig()
         if not isinstance(self.args, MADPOIterConfig):
             raise TypeError(f"MADPOIterTrainer needs a MADPOIterConfig; got {type(self.args).__name__}.")
+        if self.args.log_reward_distribution:
+            resolve_reward_range(reward_func)  # checked at construction, as upstream
         if agents is not None and num_agents is None:
             self.args.num_agents = len(agents)
         elif num_agents is not None and num_agents != self.args.num_agents:

@@ -1,0 +1,270 @@
+"""Reward-model callbacks of MARLHF: fit a JointRewardModel on preference pairs and make it the RL reward.
+
+* :class:`LearnedRewardFit` (offline MARLHF, spec §10): at fit start, collect pairs once with the task
+  reward (:func:`~comlrl_lightning.preferences.collect_offline_pairs`), fit the reward model
+  (:func:`~comlrl_lightning.modules.reward_model.fit_reward_model`, a nested ``Trainer.fit``), and set
+  ``pl_module.train_oracle`` to a :class:`~comlrl_lightning.learned_reward.LearnedRewardOracle`. No pairs →
+  a message and no RL.
+* :class:`IterativeRewardModelFit` (MARLHFIter, round stage 4: after replay selection): at every round
+  boundary, fit a **freshly built** reward model (new object, new head, new optimizer; nothing carried over)
+  on the round's replay-selected training pairs and swap ``pl_module.train_oracle``. A round without
+  training pairs trains no RL (``train_oracle = None``). With ``preference_scoring_reward="reward_model"``
+  the latest fitted model also becomes the data module's ``preference_oracle``, which
+  :class:`ScoredPreferenceCollection` uses for the next round's comparisons (task reward until one exists).
+* :class:`ScoredPreferenceCollection`: IterativePreferenceCollection scoring with the data module's
+  ``preference_oracle`` when one is set.
+
+Reward-model source: the ``reward_model`` argument (a JointRewardModel used as a template: every fit gets a
+:meth:`~comlrl_lightning.modules.reward_model.JointRewardModel.fresh` copy, the template itself is never
+trained), else ``args.reward_model_name``, else the agents' model name (``pl_module.reward_source``).
+Device: ``args.reward_model_device``, else the module's device (the Lightning accelerator, decision 7).
+
+Logs ``train/reward_model/{loss,accuracy,margin}`` (last step), ``val/reward_model/...`` with held-out pairs
+(``val_fraction``), ``reward_model/num_pairs`` and ``reward_model/fits``.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from comlrl_lightning.callbacks.iterative_collection import IterativePreferenceCollection
+from comlrl_lightning.callbacks.logging_utils import log_metrics
+from comlrl_lightning.callbacks.rounds import check_round_setup, next_round_at_epoch_end, require
+from comlrl_lightning.generation import SamplingStream
+from comlrl_lightning.learned_reward import LearnedRewardOracle
+
+
+def _inner_trainer_kwargs(device: torch.device, trainer: L.Trainer) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
+                              "enable_model_summary": False, "num_sanity_val_steps": 0,
+                              "default_root_dir": trainer.default_root_dir}
+    if device.type == "cuda":
+        kwargs.update(accelerator="gpu", devices=[device.index or 0])
+    elif device.type == "mps":
+        kwargs.update(accelerator="mps", devices=1)
+    else:
+        kwargs.update(accelerator="cpu", devices=1)
+    return kwargs
+
+
+class _RewardModelFitting(L.Callback):
+    """Shared part: resolve the source, build a fresh model, fit it, log, wrap it as an oracle."""
+
+    sets_train_oracle = True
+
+    def __init__(self, reward_model: Any = None, val_fraction: float = 0.0, seed: int | None = None,
+                 trainer_kwargs: dict | None = None):
+        self.reward_model = reward_model
+        self.val_fraction = val_fraction
+        self.seed = seed
+        self.trainer_kwargs = dict(trainer_kwargs or {})
+        self.fits = 0
+        self.history: list[dict] = []
+        self.current: Any = None  # the fitted JointRewardModel in use
+
+    def _setup(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        require(pl_module, ("team", "args", "sampling_settings", "train_oracle"), type(self).__name__, "module",
+                "MARLHFModule or MARLHFActorCriticModule")
+        require(trainer.datamodule, ("train_items", "formatters", "oracle"), type(self).__name__, "data module",
+                "TaskDataModule or MARLHFIterDataModule")
+        if self.reward_model is None and pl_module.args.reward_model_name is None \
+                and getattr(pl_module, "reward_source", None) is None:
+            raise ValueError(
+                "reward_model_name must be provided when agent models are objects: the agents have no model name "
+                "the reward backbone could be loaded from. Set args.reward_model_name='<hub id or folder>' "
+                "(e.g. 'embedded:tiny'), or pass reward_model=JointRewardModel(model_object, tokenizer)."
+            )
+
+    def device(self, pl_module: L.LightningModule) -> torch.device:
+        spec = pl_module.args.reward_model_device
+        return torch.device(spec) if spec is not None else pl_module.device
+
+    def build(self, pl_module: L.LightningModule, seed: int) -> Any:
+        """A freshly initialised reward model (new object: new backbone copy, new head)."""
+        from comlrl_lightning.modules.reward_model import JointRewardModel
+
+        template = self.reward_model
+        if isinstance(template, JointRewardModel):
+            return template.fresh(seed).to(self.device(pl_module))
+        source = template or pl_module.args.reward_model_name or pl_module.reward_source
+        model = JointRewardModel(source, args=pl_module.args.reward_model_options(),
+                                 model_config=getattr(pl_module, "model_config", None), seed=seed)
+        return model.to(self.device(pl_module))
+
+    def fit(self, trainer: L.Trainer, pl_module: L.LightningModule, pairs: list, seed: int) -> Any:
+        """Build a fresh model, fit it on ``pairs`` for reward_num_train_epochs, return it (eval mode)."""
+        from comlrl_lightning.modules import reward_model as rm_module
+
+        model = self.build(pl_module, seed)
+        device = self.device(pl_module)
+        kwargs = {**_inner_trainer_kwargs(device, trainer), **self.trainer_kwargs}
+        dm_kwargs: dict[str, Any] = {"seed": seed}
+        if self.val_fraction and len(pairs) >= 2:
+            dm_kwargs["val_fraction"] = self.val_fraction
+        metrics = rm_module.fit_reward_model(model, pairs, trainer_kwargs=kwargs, **dm_kwargs)
+        model.to(device)  # the inner Trainer's teardown may have moved it to the CPU
+        model.eval()
+        self.fits += 1
+        self.current = model
+        out = {k: v for k, v in metrics.items() if "reward_model/" in k}
+        out.update({"reward_model/num_pairs": len(pairs), "reward_model/fits": self.fits})
+        self.history.append(out)
+        log_metrics(trainer, out)
+        acc = out.get("train/reward_model/accuracy")
+        rank_zero_info(f"Reward model fitted on {len(pairs)} pairs ({model.args.reward_num_train_epochs} epoch(s))"
+                       + (f"; last-step train accuracy {acc:.3f}" if acc is not None else "")
+                       + (f", held-out accuracy {out['val/reward_model/accuracy']:.3f}"
+                          if "val/reward_model/accuracy" in out else "") + ".")
+        return model
+
+    def state_dict(self) -> dict:
+        return {"fits": self.fits, "history": [dict(h) for h in self.history]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.fits = int(state_dict.get("fits", 0))
+        self.history = [dict(h) for h in state_dict.get("history", [])]
+
+
+class LearnedRewardFit(_RewardModelFitting):
+    """Offline MARLHF: collect pairs with the task reward, fit the reward model, make it the RL reward.
+
+    Args:
+        reward_model: a JointRewardModel template, a source string, or None (``args.reward_model_name``, else
+            the agents' model name).
+        val_fraction: hold out this fraction of the pairs to report ``val/reward_model/accuracy``.
+        seed: seed of the sampling streams, pair selection and the reward head (None = ``args.seed``).
+        chunk_size: task items generated together per agent.
+        trainer_kwargs: extra ``lightning.Trainer`` kwargs of the reward-model fit.
+    """
+
+    def __init__(self, reward_model: Any = None, val_fraction: float = 0.0, seed: int | None = None,
+                 chunk_size: int = 16, trainer_kwargs: dict | None = None):
+        super().__init__(reward_model, val_fraction, seed, trainer_kwargs)
+        self.chunk_size = chunk_size
+        self.pairs: list = []
+        self.collection_stats = None
+
+    @property
+    def state_key(self) -> str:
+        return "LearnedRewardFit"
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._setup(trainer, pl_module)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        from comlrl_lightning.preferences import collect_offline_pairs
+
+        args = pl_module.args
+        seed = args.seed if self.seed is None else self.seed
+        dm = trainer.datamodule
+        streams = [SamplingStream(seed + 1000 * i) for i in range(pl_module.team.num_agents)]
+        pairs, stats = collect_offline_pairs(
+            pl_module.team, dm.train_items, dm.formatters, dm.oracle, pl_module.sampling_settings(),
+            args.preference_num_candidates, args.pair_selection, args.preference_pairs_per_sample,
+            random.Random(seed), streams, chunk_size=self.chunk_size, progress=False,
+        )
+        self.pairs, self.collection_stats = pairs, stats
+        log_metrics(trainer, {"round/index": 0, "round/num_pairs": stats.num_pairs,
+                              "round/candidate_reward_mean": stats.reward_mean})
+        rank_zero_info(f"MARLHF: collected {stats.num_pairs} preference pairs from {stats.num_items} task items "
+                       f"(mean task reward {stats.reward_mean:.4f}).")
+        if not pairs:
+            rank_zero_info("MARLHF: no non-tied preference pairs were generated; no reward model is trained and "
+                           "the policies are not updated.")
+            pl_module.train_oracle = None
+            trainer.should_stop = True
+            return
+        model = self.fit(trainer, pl_module, pairs, seed)
+        pl_module.train_oracle = LearnedRewardOracle(model, dm.formatters)
+
+
+class ScoredPreferenceCollection(IterativePreferenceCollection):
+    """IterativePreferenceCollection that scores comparisons with ``datamodule.preference_oracle`` when set
+    (MARLHFIter with ``preference_scoring_reward="reward_model"``; spec §8.4), else with the task reward.
+
+    The data module's ``oracle`` is swapped only for the duration of :meth:`collect`, a round-boundary hook
+    in which no evaluation runs; evaluation keeps reading the task oracle.
+    """
+
+    def collect(self, trainer: L.Trainer, pl_module: L.LightningModule, round_index: int) -> list:
+        dm = trainer.datamodule
+        scoring = getattr(dm, "preference_oracle", None)
+        if scoring is None:
+            return super().collect(trainer, pl_module, round_index)
+        task = dm.oracle
+        dm.oracle = scoring
+        try:
+            return super().collect(trainer, pl_module, round_index)
+        finally:
+            dm.oracle = task
+
+
+class IterativeRewardModelFit(_RewardModelFitting):
+    """MARLHFIter: a freshly initialised reward model per round, fitted on the round's training pairs.
+
+    Must come after ReplaySelection (``round_stage`` 4). Round t's model uses head seed
+    ``seed * 1000 + t`` (deterministic, different per round). Args as :class:`LearnedRewardFit` (no
+    collection options: pairs come from the round callbacks through ``datamodule.pairs``).
+    """
+
+    round_stage = 4
+
+    def __init__(self, reward_model: Any = None, val_fraction: float = 0.0, seed: int | None = None,
+                 trainer_kwargs: dict | None = None):
+        super().__init__(reward_model, val_fraction, seed, trainer_kwargs)
+        self.next_round = 0
+        self.round_models: list[int] = []  # id() of each round's model (None-free: -1 when none was fitted)
+
+    @property
+    def state_key(self) -> str:
+        return "IterativeRewardModelFit"
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        check_round_setup(trainer, "IterativeRewardModelFit")
+        self._setup(trainer, pl_module)
+        require(trainer.datamodule, ("pairs", "preference_oracle"), "IterativeRewardModelFit", "data module",
+                "MARLHFIterDataModule")
+
+    def _round(self, trainer: L.Trainer, pl_module: L.LightningModule, round_index: int) -> None:
+        dm = trainer.datamodule
+        args = pl_module.args
+        pairs = list(dm.pairs)
+        self.next_round = round_index + 1
+        scoring = getattr(args, "preference_scoring_reward", "task") == "reward_model"
+        # The previous round's model is dropped here (kept only as the scoring oracle when scoring with it).
+        pl_module.train_oracle = None
+        if not pairs:
+            rank_zero_info(f"MARLHFIter: round {round_index} has no training pairs; no reward model is fitted and "
+                           "no RL runs this round.")
+            self.round_models.append(-1)
+            if not scoring:
+                self.current = None
+                dm.preference_oracle = None
+            return
+        seed = (args.seed if self.seed is None else self.seed) * 1000 + round_index
+        model = self.fit(trainer, pl_module, pairs, seed)
+        self.round_models.append(id(model))
+        oracle = LearnedRewardOracle(model, dm.formatters)
+        pl_module.train_oracle = oracle
+        dm.preference_oracle = oracle if scoring else None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.next_round == 0:
+            self._round(trainer, pl_module, 0)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        nxt = next_round_at_epoch_end(trainer, pl_module)
+        if nxt is not None and nxt == self.next_round:
+            self._round(trainer, pl_module, nxt)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "next_round": self.next_round}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self.next_round = int(state_dict.get("next_round", 0))
