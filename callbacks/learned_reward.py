@@ -148,6 +148,7 @@ class LearnedRewardFit(_RewardModelFitting):
         self.chunk_size = chunk_size
         self.pairs: list = []
         self.collection_stats = None
+        self._restored_pairs: list | None = None
 
     @property
     def state_key(self) -> str:
@@ -156,11 +157,25 @@ class LearnedRewardFit(_RewardModelFitting):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._setup(trainer, pl_module)
 
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "pairs": [p.to_json() for p in self.pairs]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        from comlrl_lightning.preferences import PreferencePair
+
+        super().load_state_dict(state_dict)
+        self._restored_pairs = [PreferencePair.from_json(r) for r in state_dict.get("pairs", [])]
+
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        from comlrl_lightning.preferences import collect_offline_pairs
+        from comlrl_lightning.preferences import CollectionStats, collect_offline_pairs
 
         args = pl_module.args
         seed = args.seed if self.seed is None else self.seed
+        if self._restored_pairs is not None:  # resumed: refit on the pairs collected by the original run
+            pairs, self._restored_pairs = self._restored_pairs, None
+            stats = CollectionStats(num_pairs=len(pairs))
+            self._use_pairs(trainer, pl_module, pairs, stats, seed)
+            return
         dm = trainer.datamodule
         streams = [SamplingStream(seed + 1000 * i) for i in range(pl_module.team.num_agents)]
         pairs, stats = collect_offline_pairs(
@@ -168,6 +183,10 @@ class LearnedRewardFit(_RewardModelFitting):
             args.preference_num_candidates, args.pair_selection, args.preference_pairs_per_sample,
             random.Random(seed), streams, chunk_size=self.chunk_size, progress=False,
         )
+        self._use_pairs(trainer, pl_module, pairs, stats, seed)
+
+    def _use_pairs(self, trainer, pl_module, pairs, stats, seed) -> None:
+        dm = trainer.datamodule
         self.pairs, self.collection_stats = pairs, stats
         log_metrics(trainer, {"round/index": 0, "round/num_pairs": stats.num_pairs,
                               "round/candidate_reward_mean": stats.reward_mean})
@@ -218,7 +237,8 @@ class IterativeRewardModelFit(_RewardModelFitting):
                  trainer_kwargs: dict | None = None):
         super().__init__(reward_model, val_fraction, seed, trainer_kwargs)
         self.next_round = 0
-        self.round_models: list[int] = []  # id() of each round's model (None-free: -1 when none was fitted)
+        self.round_models: list[Any] = []  # each round's fitted model (None: no pairs); see keep_round_models
+        self.keep_round_models = False  # tests/debugging: keep every round's model object in round_models
 
     @property
     def state_key(self) -> str:
@@ -241,14 +261,14 @@ class IterativeRewardModelFit(_RewardModelFitting):
         if not pairs:
             rank_zero_info(f"MARLHFIter: round {round_index} has no training pairs; no reward model is fitted and "
                            "no RL runs this round.")
-            self.round_models.append(-1)
+            self.round_models.append(None)
             if not scoring:
                 self.current = None
                 dm.preference_oracle = None
             return
         seed = (args.seed if self.seed is None else self.seed) * 1000 + round_index
         model = self.fit(trainer, pl_module, pairs, seed)
-        self.round_models.append(id(model))
+        self.round_models.append(model if self.keep_round_models else id(model))
         oracle = LearnedRewardOracle(model, dm.formatters)
         pl_module.train_oracle = oracle
         dm.preference_oracle = oracle if scoring else None
@@ -256,6 +276,10 @@ class IterativeRewardModelFit(_RewardModelFitting):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.next_round == 0:
             self._round(trainer, pl_module, 0)
+        elif pl_module.train_oracle is None:
+            # Resumed at a round boundary: the reward model is not in the checkpoint; refit the current
+            # round's model on its training pairs (restored with the data module's state).
+            self._round(trainer, pl_module, self.next_round - 1)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         nxt = next_round_at_epoch_end(trainer, pl_module)
