@@ -5,9 +5,15 @@ from comlrl_lightning.callbacks.evaluation import TaskRewardEvaluation
 from comlrl_lightning.callbacks.export import ExportAgents
 from comlrl_lightning.callbacks.history_checkpoint import HistoryCheckpoint
 from comlrl_lightning.callbacks.iterative_collection import IterativePreferenceCollection
+from comlrl_lightning.callbacks.learned_reward import (
+    IterativeRewardModelFit,
+    LearnedRewardFit,
+    ScoredPreferenceCollection,
+)
 from comlrl_lightning.callbacks.preference_collection import PreferenceCollection
 from comlrl_lightning.callbacks.replay_selection import ReplaySelection
 from comlrl_lightning.callbacks.reward_distribution import RewardDistributionLogger
 
 __all__ = ["ComparatorRefresh", "ExportAgents", "HistoryCheckpoint", "IterativePreferenceCollection",
-           "PreferenceCollection", "ReplaySelection", "RewardDistributionLogger", "TaskRewardEvaluation"]
+           "IterativeRewardModelFit", "LearnedRewardFit", "PreferenceCollection", "ReplaySelection",
+           "RewardDistributionLogger", "ScoredPreferenceCollection", "TaskRewardEvaluation"]

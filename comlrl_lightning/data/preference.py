@@ -6,31 +6,16 @@ train dataloader serves them as per-agent scoring batches (winner rows then lose
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Sampler
 
-from comlrl_lightning.data.tasks import build_formatters, load_task_items
+from comlrl_lightning.data.tasks import IndexedList, load_task_setup, resolve_callable
 from comlrl_lightning.logprobs import build_scoring_batch
 from comlrl_lightning.preferences import PreferencePair
-from comlrl_lightning.rewards import RewardOracle
-
-
-def _resolve_callable(value: Any, what: str) -> Any:
-    """Accept a callable or a dotted import path ``package.module.name``."""
-    if value is None or callable(value):
-        return value
-    if isinstance(value, str) and "." in value:
-        module, _, name = value.rpartition(".")
-        try:
-            return getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"{what}: cannot import {value!r} ({exc}).") from exc
-    raise ValueError(f"{what} must be a callable or a dotted import path; got {value!r}.")
 
 
 class EpochPermutation(Sampler):
@@ -47,15 +32,8 @@ class EpochPermutation(Sampler):
         return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed)).tolist())
 
 
-class _PairList(Dataset):
-    def __init__(self, pairs: Sequence[PreferencePair]):
-        self.pairs = list(pairs)
-
-    def __len__(self) -> int:
-        return len(self.pairs)
-
-    def __getitem__(self, i: int) -> tuple[int, PreferencePair]:
-        return i, self.pairs[i]
+_PairList = IndexedList  # pairs served as (index, pair)
+_resolve_callable = resolve_callable  # kept for importers
 
 
 class PreferenceDataModule(L.LightningDataModule):
@@ -85,19 +63,10 @@ class PreferenceDataModule(L.LightningDataModule):
         seed: int = 0,
     ):
         super().__init__()
-        if reward_func is None:
-            raise ValueError("reward_func must be a callable (or a dotted import path); got None.")
-        self.oracle = RewardOracle(_resolve_callable(reward_func, "reward_func"),
-                                   _resolve_callable(reward_processor, "reward_processor"))
-        if isinstance(formatters, str):
-            formatters = _resolve_callable(formatters, "formatters") if "." in formatters else formatters
-        if isinstance(formatters, (list, tuple)):
-            formatters = [_resolve_callable(f, f"formatters[{i}]") for i, f in enumerate(formatters)]
-        self.formatters = build_formatters(formatters, num_agents, prompt_field)
+        self.oracle, self.formatters, self.train_items, self.eval_items = load_task_setup(
+            train_dataset, eval_dataset, reward_func, reward_processor, formatters, num_agents, prompt_field)
         self.num_agents = num_agents
         self.prompt_field = prompt_field
-        self.train_items = load_task_items(train_dataset, "train")
-        self.eval_items = load_task_items(eval_dataset, "test") if eval_dataset is not None else []
         if not self.train_items:
             raise ValueError("train_dataset is empty: there is nothing to collect preferences on.")
         self.batch_size = batch_size

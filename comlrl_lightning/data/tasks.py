@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from torch.utils.data import Dataset
 
 BUILTIN_DATASETS = ("builtin:cooperative", "builtin:cooperative_eval", "builtin:code", "builtin:code_eval")
 CODE_EVAL_SIZE = 5  # the last problems of the built-in code set are its evaluation split
@@ -107,3 +110,52 @@ def format_prompts(items: Sequence[dict], formatters: Sequence[Callable[[dict], 
                 )
             out[a].append(text)
     return out
+
+
+def resolve_callable(value: Any, what: str) -> Any:
+    """Accept a callable, None, or a dotted import path ``package.module.name``."""
+    if value is None or callable(value):
+        return value
+    if isinstance(value, str) and "." in value:
+        module, _, name = value.rpartition(".")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"{what}: cannot import {value!r} ({exc}).") from exc
+    raise ValueError(f"{what} must be a callable or a dotted import path; got {value!r}.")
+
+
+class IndexedList(Dataset):
+    """A list served as ``(index, element)`` pairs (the index names the item or pair in error messages)."""
+
+    def __init__(self, elements: Sequence[Any]):
+        self.elements = list(elements)
+
+    def __len__(self) -> int:
+        return len(self.elements)
+
+    def __getitem__(self, i: int) -> tuple[int, Any]:
+        return i, self.elements[i]
+
+
+def load_task_setup(train_dataset: Any, eval_dataset: Any, reward_func: Any, reward_processor: Any,
+                    formatters: Any, num_agents: int, prompt_field: str = "prompt"):
+    """What every data module needs: ``(oracle, formatters, train_items, eval_items)``.
+
+    ``reward_func`` / ``reward_processor`` / ``formatters`` may be callables or dotted import paths (a path
+    may also name a list of formatters); the items come from :func:`load_task_items`.
+    """
+    from comlrl_lightning.rewards import RewardOracle
+
+    if reward_func is None:
+        raise ValueError("reward_func must be a callable (or a dotted import path); got None.")
+    oracle = RewardOracle(resolve_callable(reward_func, "reward_func"),
+                          resolve_callable(reward_processor, "reward_processor"))
+    if isinstance(formatters, str):
+        formatters = resolve_callable(formatters, "formatters")
+    if isinstance(formatters, (list, tuple)):
+        formatters = [resolve_callable(f, f"formatters[{i}]") for i, f in enumerate(formatters)]
+    formatters = build_formatters(formatters, num_agents, prompt_field)
+    train_items = load_task_items(train_dataset, "train")
+    eval_items = load_task_items(eval_dataset, "test") if eval_dataset is not None else []
+    return oracle, formatters, train_items, eval_items

@@ -14,24 +14,14 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from comlrl_lightning.data.preference import _resolve_callable
-from comlrl_lightning.data.tasks import build_formatters, load_task_items
-from comlrl_lightning.rewards import RewardOracle
+from comlrl_lightning.data.tasks import IndexedList, load_task_setup, resolve_callable
 
 
 def _collate(batch: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
     return list(batch)
 
 
-class _Items(torch.utils.data.Dataset):
-    def __init__(self, items: list[dict]):
-        self.items = items
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> tuple[int, dict]:
-        return i, self.items[i]
+_Items = IndexedList  # task items served as (index, item)
 
 
 class TaskDataModule(L.LightningDataModule):
@@ -68,16 +58,9 @@ class TaskDataModule(L.LightningDataModule):
         seed: int = 0,
     ):
         super().__init__()
-        if reward_func is None:
-            raise ValueError("reward_func must be a callable (or a dotted import path); got None.")
-        self.oracle = RewardOracle(_resolve_callable(reward_func, "reward_func"),
-                                   _resolve_callable(reward_processor, "reward_processor"))
-        if isinstance(formatters, str):
-            formatters = _resolve_callable(formatters, "formatters")
-        if isinstance(formatters, (list, tuple)):
-            formatters = [_resolve_callable(f, f"formatters[{i}]") for i, f in enumerate(formatters)]
-        self.formatters = build_formatters(formatters, num_agents, prompt_field)
-        transition = _resolve_callable(external_transition, "external_transition")
+        self.oracle, self.formatters, self.train_items, self.eval_items = load_task_setup(
+            train_dataset, eval_dataset, reward_func, reward_processor, formatters, num_agents, prompt_field)
+        transition = resolve_callable(external_transition, "external_transition")
         if external_transition_options is not None:
             if transition is None:
                 raise ValueError("external_transition_options needs external_transition (a factory to call).")
@@ -85,8 +68,6 @@ class TaskDataModule(L.LightningDataModule):
         self.external_transition = transition
         self.num_agents = num_agents
         self.prompt_field = prompt_field
-        self.train_items = load_task_items(train_dataset, "train")
-        self.eval_items = load_task_items(eval_dataset, "test") if eval_dataset is not None else []
         if hasattr(transition, "register"):  # transitions that look tasks up by prompt (code environment)
             transition.register(self.train_items + self.eval_items)
         if not self.train_items:

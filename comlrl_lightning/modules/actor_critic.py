@@ -298,7 +298,7 @@ class ActorCriticModule(L.LightningModule):
                 self.value_heads.append(ValueHead(hidden_size_of(m), a.value_head_hidden_dim, _param_dtype(m)))
             self.critic_names = []
         if isinstance(metrics_callback, str):
-            from comlrl_lightning.data.preference import _resolve_callable
+            from comlrl_lightning.data.tasks import resolve_callable as _resolve_callable
 
             metrics_callback = _resolve_callable(metrics_callback, "metrics_callback")
         if metrics_callback is not None and not callable(metrics_callback):

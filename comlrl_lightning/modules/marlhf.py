@@ -88,7 +88,7 @@ class MARLHFModule(_SkipWithoutLearnedReward, MAGRPOModule):
         tokenizer: Any = None,
         model_config: dict | None = None,
         lora: dict | None = None,
-        args: MARLHFIterConfig | MARLHFConfig | None = None,
+        args: MARLHFConfig | MARLHFIterConfig | None = None,
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
     ):
@@ -154,7 +154,7 @@ class MARLHFActorCriticModule(_SkipWithoutLearnedReward, ActorCriticModule):
         critics: Sequence[Any] | None = None,
         model_config: dict | None = None,
         lora: dict | None = None,
-        args: MARLHFIterConfig | MARLHFConfig | None = None,
+        args: MARLHFConfig | MARLHFIterConfig | None = None,
         metrics_callback: Callable | str | None = None,
     ):
         args = args if args is not None else MARLHFConfig(rl_algorithm="iac", num_generations=1)

@@ -1,0 +1,211 @@
+"""MARLHFTrainer and MARLHFIterTrainer: reward model from preferences, then RL on the learned reward (spec §10).
+
+Thin facades that assemble ``lightning.Trainer`` + an RL module
+(:func:`~comlrl_lightning.modules.marlhf.build_marlhf_module`: the MAGRPO family or IAC/MAAC, by
+``rl_algorithm``) + a data module + callbacks. Everything is reachable from YAML too
+(``configs/marlhf/tiny.yaml``, ``configs/marlhf/iterative_tiny.yaml``).
+
+* **MARLHF**: one ``fit``. :class:`~comlrl_lightning.callbacks.LearnedRewardFit` collects the pairs with the
+  task reward at fit start and fits the reward model; then ``num_train_epochs`` RL epochs over the task
+  items use the learned reward (``module.train_oracle``).
+* **MARLHFIter**: one ``fit`` of ``num_iterations * num_train_epochs`` epochs (rounds are groups of
+  epochs). At each round boundary the round callbacks collect current-vs-comparator pairs, select the
+  replay, and :class:`~comlrl_lightning.callbacks.IterativeRewardModelFit` fits a freshly built reward
+  model on them and swaps the RL reward.
+
+Evaluation (:class:`~comlrl_lightning.callbacks.TaskRewardEvaluation`) samples the current policies and
+scores them with the **task** reward only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lightning as L
+
+from comlrl_lightning.callbacks import (
+    ComparatorRefresh,
+    HistoryCheckpoint,
+    IterativeRewardModelFit,
+    LearnedRewardFit,
+    ReplaySelection,
+    ScoredPreferenceCollection,
+    TaskRewardEvaluation,
+)
+from comlrl_lightning.config_marlhf import MARLHFConfig, MARLHFIterConfig
+from comlrl_lightning.modules.marlhf import build_marlhf_module, default_reward_source
+
+
+def _check_common(agent_model: Any, agents: Any, reward_func: Any, train_dataset: Any, args: MARLHFConfig,
+                  reward_model: Any) -> None:
+    if agent_model is None and agents is None:
+        raise ValueError("Either agent_model or agents must be provided.")
+    if not callable(reward_func):
+        raise ValueError(f"reward_func must be a callable; got {type(reward_func).__name__}.")  # noqa: TRY004
+    if train_dataset is None:
+        raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a local file).")
+    if reward_model is None and args.reward_model_name is None and default_reward_source(agent_model, agents) is None:
+        raise ValueError(
+            "reward_model_name must be provided when agent models are objects: the reward backbone is loaded from "
+            "args.reward_model_name, else from the agents' model name, and these agents have none. Set "
+            "args.reward_model_name='<hub id or folder>' (e.g. 'embedded:tiny'), or pass "
+            "reward_model=JointRewardModel(model_object, tokenizer)."
+        )
+
+
+def _num_agents(args: MARLHFConfig, agents: Any, num_agents: int | None) -> None:
+    if agents is not None and num_agents is None:
+        args.num_agents = len(agents)
+    elif num_agents is not None and num_agents != args.num_agents:
+        raise ValueError(f"num_agents ({num_agents}) must match args.num_agents ({args.num_agents}).")
+
+
+class _MARLHFFacade:
+    module: L.LightningModule
+    datamodule: L.LightningDataModule
+    trainer: L.Trainer
+
+    @property
+    def team(self):
+        return self.module.team
+
+    @property
+    def env_step(self) -> int:
+        return self.module.env_step
+
+    def train(self, ckpt_path: str | None = None) -> dict:
+        """Run; returns the final callback metrics as floats."""
+        self.trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt_path)
+        return {k: float(v) for k, v in self.trainer.callback_metrics.items()}
+
+    def save_model(self, output_dir: str) -> list[str]:
+        """Write ``output_dir/agent_{i}/`` for each agent (model + tokenizer, or the LoRA adapter)."""
+        return self.module.save_agents(output_dir)
+
+
+class MARLHFTrainer(_MARLHFFacade):
+    """Offline MARLHF: pairs (task reward) → JointRewardModel → RL with the learned reward (spec §10).
+
+    Args mirror CoMLRL's (spec §2.7): ``agent_model`` or ``agents``, ``num_agents``, ``tokenizer``,
+    ``model_config``, ``train_dataset``, ``eval_dataset``, ``reward_func``, ``reward_processor``,
+    ``formatters``, ``args`` (:class:`~comlrl_lightning.config_marlhf.MARLHFConfig`); keyword-only
+    ``metrics_callback``, ``critic_model`` and ``critics`` (maac/iac only). Ours: ``reward_model`` (a
+    JointRewardModel template, e.g. over a model object; a fresh copy is trained), ``reward_val_fraction``
+    (hold out pairs to report the reward model's held-out accuracy), ``lora``, ``evaluation``, extra
+    ``callbacks`` and ``trainer_kwargs``.
+    """
+
+    config_cls: type[MARLHFConfig] = MARLHFConfig
+
+    def __init__(
+        self,
+        agent_model: str | None = None,
+        agents: Sequence[Any] | None = None,
+        num_agents: int | None = None,
+        tokenizer: Any = None,
+        model_config: dict | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        reward_func: Callable | None = None,
+        reward_processor: Callable | None = None,
+        formatters: Any = None,
+        args: MARLHFConfig | None = None,
+        *,
+        metrics_callback: Callable | None = None,
+        critic_model: Any = None,
+        critics: Sequence[Any] | None = None,
+        reward_model: Any = None,
+        reward_val_fraction: float = 0.0,
+        lora: dict | None = None,
+        evaluation: bool = True,
+        callbacks: Sequence[L.Callback] = (),
+        trainer_kwargs: dict | None = None,
+    ):
+        self.args = args if args is not None else self.config_cls()
+        if not isinstance(self.args, self.config_cls):
+            raise TypeError(f"{type(self).__name__} needs a {self.config_cls.__name__}; got {type(self.args).__name__}.")
+        _check_common(agent_model, agents, reward_func, train_dataset, self.args, reward_model)
+        _num_agents(self.args, agents, num_agents)
+        ac = {"critic_model": critic_model, "critics": critics, "metrics_callback": metrics_callback}
+        self.module = build_marlhf_module(
+            self.args, agent_model=agent_model if agents is None else None, agents=agents, tokenizer=tokenizer,
+            model_config=model_config, lora=lora, **{k: v for k, v in ac.items() if v is not None})
+        self.datamodule = self._datamodule(train_dataset, eval_dataset, reward_func, reward_processor, formatters)
+        self.round_callbacks = self._round_callbacks(reward_model, reward_val_fraction)
+        self.evaluation = TaskRewardEvaluation() if evaluation else None
+        kwargs = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
+                  "num_sanity_val_steps": 0, "log_every_n_steps": 1, "max_epochs": self._max_epochs()}
+        kwargs.update(trainer_kwargs or {})
+        self._fix_trainer_kwargs(kwargs)
+        extra = [self.evaluation] if self.evaluation is not None and self.datamodule.eval_items else []
+        self.trainer = L.Trainer(callbacks=[*self.round_callbacks, *extra, *callbacks], **kwargs)
+
+    # --- the parts that differ between MARLHF and MARLHFIter ---------------------------------------------
+    def _datamodule(self, train_dataset, eval_dataset, reward_func, reward_processor, formatters):
+        from comlrl_lightning.data.tasks_dm import TaskDataModule
+
+        return TaskDataModule(train_dataset=train_dataset, eval_dataset=eval_dataset, reward_func=reward_func,
+                              reward_processor=reward_processor, formatters=formatters,
+                              num_agents=self.args.num_agents, seed=self.args.seed)
+
+    def _round_callbacks(self, reward_model: Any, val_fraction: float) -> list[L.Callback]:
+        self.reward_fit = LearnedRewardFit(reward_model, val_fraction=val_fraction)
+        return [self.reward_fit]
+
+    def _max_epochs(self) -> int:
+        return self.args.num_train_epochs
+
+    def _fix_trainer_kwargs(self, kwargs: dict) -> None:
+        pass
+
+    @property
+    def reward_model(self):
+        """The fitted JointRewardModel in use (None before training or when no pairs were collected)."""
+        return self.reward_fit.current
+
+
+class MARLHFIterTrainer(MARLHFTrainer):
+    """Iterative MARLHF (spec §10): ``num_iterations`` rounds of current-vs-comparator pairs → a freshly
+    initialised reward model fitted on the round's (replay-selected) pairs → ``num_train_epochs`` RL epochs.
+
+    Args as :class:`MARLHFTrainer` with ``args`` a :class:`~comlrl_lightning.config_marlhf.MARLHFIterConfig`,
+    plus ``comparator`` (overrides the source built from ``args.comparator_policy``) and
+    ``centralized_comparator_adapter``. ``preference_scoring_reward="reward_model"`` scores round t ≥ 1's
+    comparisons with round t−1's reward model (round 0: the task reward).
+    """
+
+    config_cls = MARLHFIterConfig
+
+    def __init__(self, *args: Any, comparator: Any = None, centralized_comparator_adapter: Any = None,
+                 **kwargs: Any):
+        self._comparator_arg = comparator
+        self._adapter = centralized_comparator_adapter
+        super().__init__(*args, **kwargs)
+        self.module.comparator = self.comparator
+
+    def _datamodule(self, train_dataset, eval_dataset, reward_func, reward_processor, formatters):
+        from comlrl_lightning.data.marlhf import MARLHFIterDataModule
+
+        return MARLHFIterDataModule(train_dataset=train_dataset, eval_dataset=eval_dataset, reward_func=reward_func,
+                                    reward_processor=reward_processor, formatters=formatters,
+                                    num_agents=self.args.num_agents, seed=self.args.seed)
+
+    def _round_callbacks(self, reward_model: Any, val_fraction: float) -> list[L.Callback]:
+        from comlrl_lightning.comparators.local import build_comparator
+
+        args = self.args
+        self.comparator = self._comparator_arg if self._comparator_arg is not None else build_comparator(
+            args, self.module.hparams.get("model_config"), adapter=self._adapter)
+        self.reward_fit = IterativeRewardModelFit(reward_model, val_fraction=val_fraction)
+        self.collection = ScoredPreferenceCollection(self.comparator)
+        cbs: list[L.Callback] = []
+        if args.policy_checkpoint_dir is not None or args.comparator_policy == "history":
+            cbs.append(HistoryCheckpoint())
+        return [*cbs, ComparatorRefresh(self.comparator), self.collection, ReplaySelection(), self.reward_fit]
+
+    def _max_epochs(self) -> int:
+        return self.args.num_iterations * self.args.num_train_epochs
+
+    def _fix_trainer_kwargs(self, kwargs: dict) -> None:
+        kwargs["reload_dataloaders_every_n_epochs"] = 1
