@@ -30,7 +30,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from comlrl_lightning.callbacks.iterative_collection import IterativePreferenceCollection
 from comlrl_lightning.callbacks.logging_utils import log_metrics
@@ -97,9 +97,23 @@ class _RewardModelFitting(L.Callback):
         return model.to(self.device(pl_module))
 
     def fit(self, trainer: L.Trainer, pl_module: L.LightningModule, pairs: list, seed: int) -> Any:
-        """Build a fresh model, fit it on ``pairs`` for reward_num_train_epochs, return it (eval mode)."""
+        """Build a fresh model, fit it on ``pairs`` for reward_num_train_epochs, return it (eval mode).
+
+        Pairs with a side whose completions are all empty (a policy that stopped at once) cannot be scored by
+        the reward-pair data module; they are dropped with a warning. Returns None when no pair is left.
+        """
         from comlrl_lightning.modules import reward_model as rm_module
 
+        kept = [p for p in pairs if all(any((c or "").strip() for c in side)
+                                        for side in (p.winner_completions, p.loser_completions))]
+        if len(kept) < len(pairs):
+            rank_zero_warn(f"{len(pairs) - len(kept)} of {len(pairs)} preference pairs have a side whose completions "
+                           "are all empty; they are left out of the reward-model fit.")
+        log_metrics(trainer, {"reward_model/dropped_empty_pairs": len(pairs) - len(kept)})
+        pairs = kept
+        if not pairs:
+            rank_zero_info("No usable preference pairs for the reward model; none is fitted.")
+            return None
         model = self.build(pl_module, seed)
         device = self.device(pl_module)
         kwargs = {**_inner_trainer_kwargs(device, trainer), **self.trainer_kwargs}
@@ -199,6 +213,10 @@ class LearnedRewardFit(_RewardModelFitting):
             trainer.should_stop = True
             return
         model = self.fit(trainer, pl_module, pairs, seed)
+        if model is None:
+            pl_module.train_oracle = None
+            trainer.should_stop = True
+            return
         pl_module.train_oracle = LearnedRewardOracle(model, dm.formatters)
 
 
@@ -258,7 +276,9 @@ class IterativeRewardModelFit(_RewardModelFitting):
         scoring = getattr(args, "preference_scoring_reward", "task") == "reward_model"
         # The previous round's model is dropped here (kept only as the scoring oracle when scoring with it).
         pl_module.train_oracle = None
-        if not pairs:
+        seed = (args.seed if self.seed is None else self.seed) * 1000 + round_index
+        model = self.fit(trainer, pl_module, pairs, seed) if pairs else None
+        if model is None:
             rank_zero_info(f"MARLHFIter: round {round_index} has no training pairs; no reward model is fitted and "
                            "no RL runs this round.")
             self.round_models.append(None)
@@ -266,8 +286,6 @@ class IterativeRewardModelFit(_RewardModelFitting):
                 self.current = None
                 dm.preference_oracle = None
             return
-        seed = (args.seed if self.seed is None else self.seed) * 1000 + round_index
-        model = self.fit(trainer, pl_module, pairs, seed)
         self.round_models.append(model if self.keep_round_models else id(model))
         oracle = LearnedRewardOracle(model, dm.formatters)
         pl_module.train_oracle = oracle

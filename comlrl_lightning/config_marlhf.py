@@ -208,4 +208,4 @@ class MARLHFIterConfig(_IterativePreferenceOptions, MARLHFConfig):
             "preference_scoring_reward must be one of: task, reward_model.")
 
 
-__all__ = ["MAGRPO_FAMILY", "MARLHFConfig", "MARLHFIterConfig", "RL_ALGORITHMS"]
+__all__ = ["MAGRPO_FAMILY", "RL_ALGORITHMS", "MARLHFConfig", "MARLHFIterConfig"]
