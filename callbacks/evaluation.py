@@ -80,7 +80,8 @@ class TaskRewardEvaluation(L.Callback):
         the data module's task oracle; ``eval/reward_mean`` is then the mean immediate reward over all turns."""
         turns = int(getattr(pl_module.args, "num_turns", 1) or 1)
         if turns > 1 and hasattr(pl_module, "evaluate_turns"):
-            metrics = pl_module.evaluate_turns(items, dm.formatters, dm.oracle, getattr(dm, "external_transition", None),
+            transition = getattr(dm, "external_transition", None)
+            metrics = pl_module.evaluate_turns(items, dm.formatters, dm.oracle, transition,
                                                samples_per_item=self.samples_per_item, seed=self.seed,
                                                prompt_field=getattr(dm, "prompt_field", "prompt"))
         elif turns > 1 and hasattr(pl_module, "evaluate"):

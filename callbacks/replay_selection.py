@@ -48,7 +48,8 @@ class ReplaySelection(L.Callback):
             if getattr(self, name) is _UNSET:
                 setattr(self, name, getattr(args, opt, None))
         if self.mode == "nearest_k" and self.k is None:
-            raise ValueError("ReplaySelection: preference_replay_k is required when preference_replay_mode='nearest_k'.")
+            raise ValueError(
+                "ReplaySelection: preference_replay_k is required when preference_replay_mode='nearest_k'.")
         if self.mode == "lambda_decay" and self.lam is None:
             raise ValueError("ReplaySelection: preference_replay_lambda is required when "
                              "preference_replay_mode='lambda_decay'.")

@@ -14,7 +14,13 @@ import lightning as L
 
 from comlrl_lightning.callbacks.logging_utils import log_metrics
 from comlrl_lightning.callbacks.rounds import check_round_setup, output_dir, require
-from comlrl_lightning.distributions import distribution_record, resolve_reward_range, round_metrics, svg_chart, write_record
+from comlrl_lightning.distributions import (
+    distribution_record,
+    resolve_reward_range,
+    round_metrics,
+    svg_chart,
+    write_record,
+)
 
 
 class RewardDistributionLogger(L.Callback):

@@ -1,8 +1,9 @@
 """Configs of the actor-critic trainers: :class:`IACConfig` and :class:`MAACConfig` (spec multiturn.md §1.2–1.3).
 
 Option names and defaults are CoMLRL 1.4.3's, except ``early_termination_threshold`` (None) and
-``num_turns`` (1), our decision 10: a single-turn run needs no transition. Every option is validated at construction; messages name the option, the value and
-what is allowed, and start with upstream's sentence where upstream has one.
+``num_turns`` (1), our decision 10: a single-turn run needs no transition. Every option is validated at
+construction; messages name the option, the value and what is allowed, and start with upstream's sentence
+where upstream has one.
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def svg_chart(record: dict[str, Any], kind: str, style: str) -> str:
     top = max([1] + [c for v in counts.values() for c in v])
     n = record["num_bins"]
     x0, y0, w, h = 22.0, 8.0, 210.0, 56.0
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="240" height="80" viewBox="0 0 240 80">',
+    parts = ['<svg xmlns="http://www.w3.org/2000/svg" width="240" height="80" viewBox="0 0 240 80">',
              f'<title>{TITLES[kind]}</title>',
              f'<line x1="{x0}" y1="{y0 + h}" x2="{x0 + w}" y2="{y0 + h}" stroke="#000"/>',
              f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y0 + h}" stroke="#000"/>',

@@ -50,7 +50,8 @@ def call_reward_function(
     n = len(lists)
     plan = _signature_plan(fn)
     if plan is None:
-        attempts: list[tuple[tuple, dict]] = [((*lists,), {"batch_items": batch_items}), ((*lists,), {}), ((lists,), {})]
+        attempts: list[tuple[tuple, dict]] = [
+            ((*lists,), {"batch_items": batch_items}), ((*lists,), {}), ((lists,), {})]
     else:
         has_var, p, takes_items, takes_prompts, _ = plan
         prompts_positional = False
@@ -121,7 +122,8 @@ class RewardOracle:
         self.reward_func = reward_func
         self.reward_processor = reward_processor
 
-    def score(self, prompts: Sequence[str], completions: Sequence[str], item: dict, item_index: Any) -> tuple[float, float]:
+    def score(self, prompts: Sequence[str], completions: Sequence[str], item: dict,
+              item_index: Any) -> tuple[float, float]:
         """Reward of one joint response ``completions`` (one text per agent) for task item ``item``."""
         where = f"task item {item_index}"
         try:

@@ -43,7 +43,7 @@ def test_two_turn_magrpo_with_level_feedback(tiny_model_dir):
     # aligned, K=2: per item 2 joint actions at turn 1, each transitioned once; plus the final evaluation's
     # single path on the one eval item
     assert len(spy.calls) == 2 * len(items) + 1
-    for prompt, completions, (aux_prompt, main_prompt) in spy.calls:
+    for _prompt, completions, (aux_prompt, main_prompt) in spy.calls:
         assert len(completions) == 2
         # level_feedback reports the static checks and the sandboxed test outcome to each agent
         assert "aux" in aux_prompt and ("Tests:" in main_prompt or "not found" in main_prompt

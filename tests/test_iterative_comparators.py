@@ -102,7 +102,8 @@ def test_history_rule_pure(tmp_path):
         for i in range(2):
             (tmp_path / f"iteration_{s:04d}" / f"agent_{i}").mkdir(parents=True)
 
-    name = lambda t, k: history_snapshot_dir(tmp_path, t, k, 2).name
+    def name(t, k):
+        return history_snapshot_dir(tmp_path, t, k, 2).name
     assert [name(t, 1) for t in (0, 1, 2)] == ["initial", "initial", "initial"]  # nothing saved yet
     snap(0)
     snap(1)

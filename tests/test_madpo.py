@@ -291,7 +291,6 @@ def test_madpo_raises_task_reward_on_builtin_task():
     """Measured (seeds 0,1,2): eval reward 0.874 -> 1.21 / 1.43 / 1.27. The evaluation uses fixed seeds
     (the initial value is exact); evaluating the untrained policy with other eval seeds moves the mean by
     about ±0.03. The bar (+0.15) is five times that spread and half the smallest gain measured."""
-    from comlrl_lightning.callbacks import TaskRewardEvaluation
 
     args = MADPOConfig(num_train_epochs=5, preference_num_candidates=16, preference_pairs_per_sample=8,
                        max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-2,

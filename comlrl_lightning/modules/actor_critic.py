@@ -676,7 +676,8 @@ class ActorCriticModule(L.LightningModule):
             actor_losses.append(float(actor_loss.detach()))
             value_losses.append(float(vloss.detach()))
         t = samples[0]["turn"] + 1
-        mean = lambda xs: sum(xs) / len(xs)
+        def mean(xs):
+            return sum(xs) / len(xs)
         out = {
             f"turn_{t}/reward_mean": mean([s["reward"] for s in samples]),
             f"turn_{t}/expected_return": mean([s["return"] for s in samples]),

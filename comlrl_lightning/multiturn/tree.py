@@ -158,7 +158,7 @@ def build_tree(
             node.terminated = node.mean_reward > early_termination_threshold
         if turn < num_turns - 1 and not node.terminated:
             new_p_hist = [p_hist[a] + [used[a]] for a in range(num_agents)]
-            for j, ja in enumerate(joint):
+            for ja in joint:
                 texts = [draws[a].texts[ja[a]] for a in range(num_agents)]
                 new_r_hist = [r_hist[a] + [texts[a]] for a in range(num_agents)]
                 nxt = transition(texts, new_p_hist, new_r_hist, turn, path + (ja,))

@@ -17,6 +17,7 @@ from comlrl_lightning.callbacks import TaskRewardEvaluation
 from comlrl_lightning.config_ac import IACConfig, MAACConfig
 from comlrl_lightning.data.tasks_dm import TaskDataModule
 from comlrl_lightning.modules.actor_critic import ActorCriticModule
+from comlrl_lightning.trainers.common import check_facade_inputs
 
 
 def _wandb_logger(wandb_config: dict, args: Any, method: str) -> Any:
@@ -70,16 +71,10 @@ class _ActorCriticTrainer:
             raise TypeError(f"{type(self).__name__} needs args of type {self._config_cls.__name__}; got "
                             f"{type(self.args).__name__}.")
         n = self.args.num_agents
-        if agent_model is None and agents is None:
-            raise ValueError("Either agent_model or agents must be provided.")
         if agents is None and isinstance(agent_model, nn.Module) and n > 1:
             raise ValueError(f"{self._method} with num_agents={n} requires `agent_model` to be a pretrained "
                              "identifier string (loaded once per agent); pass model objects through `agents`.")
-        if not callable(reward_func):
-            raise ValueError(  # noqa: TRY004 - upstream raises ValueError
-                f"reward_func must be a callable; got {type(reward_func).__name__}.")
-        if train_dataset is None:
-            raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a local file).")
+        check_facade_inputs(agent_model, agents, reward_func, train_dataset)
         if self.args.num_turns > 1 and external_transition is None:
             raise ValueError(f"Multi-turn {self._method} requires an external_transition (num_turns="
                              f"{self.args.num_turns}); pass external_transition=..., or set num_turns=1.")

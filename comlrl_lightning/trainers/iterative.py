@@ -22,10 +22,11 @@ from comlrl_lightning.callbacks import (
     TaskRewardEvaluation,
 )
 from comlrl_lightning.comparators.local import build_comparator
-from comlrl_lightning.distributions import resolve_reward_range
 from comlrl_lightning.config import MADPOIterConfig
 from comlrl_lightning.data.iterative import IterativePreferenceDataModule
+from comlrl_lightning.distributions import resolve_reward_range
 from comlrl_lightning.modules.madpo import MADPOModule
+from comlrl_lightning.trainers.common import check_facade_inputs, sync_num_agents
 
 
 def round_callbacks(args: MADPOIterConfig, comparator: Any = None) -> list[L.Callback]:
@@ -69,21 +70,13 @@ class MADPOIterTrainer:
         callbacks: Sequence[L.Callback] = (),
         trainer_kwargs: dict | None = None,
     ):
-        if agent_model is None and agents is None:
-            raise ValueError("Either agent_model or agents must be provided.")
-        if not callable(reward_func):
-            raise ValueError(f"reward_func must be a callable; got {type(reward_func).__name__}.")  # noqa: TRY004
-        if train_dataset is None:
-            raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a local file).")
+        check_facade_inputs(agent_model, agents, reward_func, train_dataset)
         self.args = args if args is not None else MADPOIterConfig()
         if not isinstance(self.args, MADPOIterConfig):
             raise TypeError(f"MADPOIterTrainer needs a MADPOIterConfig; got {type(self.args).__name__}.")
         if self.args.log_reward_distribution:
             resolve_reward_range(reward_func)  # checked at construction, as upstream
-        if agents is not None and num_agents is None:
-            self.args.num_agents = len(agents)
-        elif num_agents is not None and num_agents != self.args.num_agents:
-            raise ValueError(f"num_agents ({num_agents}) must match args.num_agents ({self.args.num_agents}).")
+        sync_num_agents(self.args, agents, num_agents)
         self.module = MADPOModule(agent_model=agent_model, agents=agents, tokenizer=tokenizer,
                                   model_config=model_config, lora=lora, args=self.args)
         self.datamodule = IterativePreferenceDataModule(

@@ -35,16 +35,12 @@ from comlrl_lightning.callbacks import (
 )
 from comlrl_lightning.config_marlhf import MARLHFConfig, MARLHFIterConfig
 from comlrl_lightning.modules.marlhf import build_marlhf_module, default_reward_source
+from comlrl_lightning.trainers.common import check_facade_inputs, sync_num_agents
 
 
 def _check_common(agent_model: Any, agents: Any, reward_func: Any, train_dataset: Any, args: MARLHFConfig,
                   reward_model: Any) -> None:
-    if agent_model is None and agents is None:
-        raise ValueError("Either agent_model or agents must be provided.")
-    if not callable(reward_func):
-        raise ValueError(f"reward_func must be a callable; got {type(reward_func).__name__}.")  # noqa: TRY004
-    if train_dataset is None:
-        raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a local file).")
+    check_facade_inputs(agent_model, agents, reward_func, train_dataset)
     if reward_model is None and args.reward_model_name is None and default_reward_source(agent_model, agents) is None:
         raise ValueError(
             "reward_model_name must be provided when agent models are objects: the reward backbone is loaded from "
@@ -52,13 +48,6 @@ def _check_common(agent_model: Any, agents: Any, reward_func: Any, train_dataset
             "args.reward_model_name='<hub id or folder>' (e.g. 'embedded:tiny'), or pass "
             "reward_model=JointRewardModel(model_object, tokenizer)."
         )
-
-
-def _num_agents(args: MARLHFConfig, agents: Any, num_agents: int | None) -> None:
-    if agents is not None and num_agents is None:
-        args.num_agents = len(agents)
-    elif num_agents is not None and num_agents != args.num_agents:
-        raise ValueError(f"num_agents ({num_agents}) must match args.num_agents ({args.num_agents}).")
 
 
 class _MARLHFFacade:
@@ -124,9 +113,10 @@ class MARLHFTrainer(_MARLHFFacade):
     ):
         self.args = args if args is not None else self.config_cls()
         if not isinstance(self.args, self.config_cls):
-            raise TypeError(f"{type(self).__name__} needs a {self.config_cls.__name__}; got {type(self.args).__name__}.")
+            raise TypeError(
+                f"{type(self).__name__} needs a {self.config_cls.__name__}; got {type(self.args).__name__}.")
         _check_common(agent_model, agents, reward_func, train_dataset, self.args, reward_model)
-        _num_agents(self.args, agents, num_agents)
+        sync_num_agents(self.args, agents, num_agents)
         ac = {"critic_model": critic_model, "critics": critics, "metrics_callback": metrics_callback}
         self.module = build_marlhf_module(
             self.args, agent_model=agent_model if agents is None else None, agents=agents, tokenizer=tokenizer,

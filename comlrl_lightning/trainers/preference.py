@@ -15,6 +15,7 @@ from comlrl_lightning.callbacks import PreferenceCollection, TaskRewardEvaluatio
 from comlrl_lightning.config import MADPOConfig
 from comlrl_lightning.data.preference import PreferenceDataModule
 from comlrl_lightning.modules.madpo import MADPOModule
+from comlrl_lightning.trainers.common import check_facade_inputs, sync_num_agents
 
 
 class MADPOTrainer:
@@ -42,17 +43,9 @@ class MADPOTrainer:
         callbacks: Sequence[L.Callback] = (),
         trainer_kwargs: dict | None = None,
     ):
-        if agent_model is None and agents is None:
-            raise ValueError("Either agent_model or agents must be provided.")
-        if not callable(reward_func):
-            raise ValueError(f"reward_func must be a callable; got {type(reward_func).__name__}.")
-        if train_dataset is None:
-            raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a local file).")
+        check_facade_inputs(agent_model, agents, reward_func, train_dataset)
         self.args = args if args is not None else MADPOConfig()
-        if agents is not None and num_agents is None:
-            self.args.num_agents = len(agents)
-        elif num_agents is not None and num_agents != self.args.num_agents:
-            raise ValueError(f"num_agents ({num_agents}) must match args.num_agents ({self.args.num_agents}).")
+        sync_num_agents(self.args, agents, num_agents)
         self.module = MADPOModule(agent_model=agent_model, agents=agents, tokenizer=tokenizer,
                                   model_config=model_config, lora=lora, args=self.args)
         self.datamodule = PreferenceDataModule(

@@ -16,6 +16,7 @@ from comlrl_lightning.callbacks import TaskRewardEvaluation
 from comlrl_lightning.config_rl import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
 from comlrl_lightning.data.tasks_dm import TaskDataModule
 from comlrl_lightning.modules.magrpo import MAGRPOModule, check_transition
+from comlrl_lightning.trainers.common import check_facade_inputs
 
 
 class MAGRPOTrainer:
@@ -50,12 +51,7 @@ class MAGRPOTrainer:
         callbacks: Sequence[L.Callback] = (),
         trainer_kwargs: dict | None = None,
     ):
-        if agent_model is None and agents is None:
-            raise ValueError("Either agent_model or agents must be provided.")
-        if not callable(reward_func):
-            raise ValueError(f"reward_func must be a callable; got {type(reward_func).__name__}.")  # noqa: TRY004
-        if train_dataset is None:
-            raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a local file).")
+        check_facade_inputs(agent_model, agents, reward_func, train_dataset)
         self.args = args if args is not None else self.config_cls()
         if agents is not None and num_agents is None:
             self.args.num_agents = len(agents)
