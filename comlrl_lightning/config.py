@@ -32,6 +32,42 @@ def _normalize_choice(option: str, value: Any, aliases: dict[str, str], default:
     return aliases[key]
 
 
+def check_counts(cfg: Any, at_least_one: tuple[str, ...], at_least_zero: tuple[str, ...] = ()) -> None:
+    """Integer options that must be >= 1 / >= 0 (upstream's messages plus the value and what is allowed)."""
+    for name in at_least_one:
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or value < 1:
+            raise _bad(f"{name} must be >= 1.", value, "integers >= 1")
+    for name in at_least_zero:
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or value < 0:
+            raise _bad(f"{name} must be >= 0.", value, "integers >= 0")
+
+
+def normalize_parallel_training(cfg: Any) -> None:
+    """``parallel_training``: lowercased, "null" → "none", only none/mp; "mp" needs ``agent_devices``."""
+    pt = "none" if cfg.parallel_training is None else str(cfg.parallel_training).strip().lower()
+    pt = "none" if pt == "null" else pt
+    if pt not in ("none", "mp"):
+        raise _bad("parallel_training only supports: none, mp.", cfg.parallel_training, "none, mp")
+    if pt == "mp" and cfg.agent_devices is None:
+        raise _bad("parallel_training='mp' requires explicit agent_devices.", cfg.agent_devices,
+                   "a device string or a list of length 1 or num_agents")
+    cfg.parallel_training = pt
+
+
+def check_sampling(cfg: Any) -> None:
+    """Generation settings: max_new_tokens >= 1, temperature > 0, top_p in (0, 1], top_k >= 1 or None."""
+    if not isinstance(cfg.max_new_tokens, int) or cfg.max_new_tokens < 1:
+        raise _bad("max_new_tokens must be >= 1.", cfg.max_new_tokens, "integers >= 1")
+    if not cfg.temperature > 0:
+        raise _bad("temperature must be > 0.", cfg.temperature, "numbers > 0")
+    if not 0 < cfg.top_p <= 1:
+        raise _bad("top_p must be in (0, 1].", cfg.top_p, "numbers in (0, 1]")
+    if cfg.top_k is not None and cfg.top_k < 1:
+        raise _bad("top_k must be >= 1 or null.", cfg.top_k, "integers >= 1 or null")
+
+
 _SECRET_HEADER_WORDS = ("auth", "key", "token", "secret", "cookie")
 
 JOINT_MODE_ALIASES = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
@@ -132,30 +168,14 @@ class MADPOConfig:
         if self.collaboration_mode == "centralized":
             raise _bad("collaboration_mode='centralized' is not supported by comlrl-lightning yet.",
                        self.collaboration_mode, "decentralized")
-        for name in ("num_train_epochs", "num_agents", "rollout_buffer_size"):
-            if getattr(self, name) < 1:
-                raise _bad(f"{name} must be >= 1.", getattr(self, name), "integers >= 1")
-        for name in ("eval_interval", "eval_num_samples"):
-            if getattr(self, name) < 0:
-                raise _bad(f"{name} must be >= 0.", getattr(self, name), "integers >= 0")
-        if self.eval_batch_size < 1:
-            raise _bad("eval_batch_size must be >= 1.", self.eval_batch_size, "integers >= 1")
-        if self.num_turns < 1:
-            raise _bad("num_turns must be >= 1.", self.num_turns, "integers >= 1")
-        if self.logging_steps < 1:
-            raise _bad("logging_steps must be >= 1.", self.logging_steps, "integers >= 1")
+        check_counts(self, ("num_train_epochs", "num_agents", "rollout_buffer_size"),
+                     ("eval_interval", "eval_num_samples"))
+        check_counts(self, ("eval_batch_size", "num_turns", "logging_steps"))
         if self.train_batch_size is None:
             self.train_batch_size = self.rollout_buffer_size
         if self.train_batch_size < 1:
             raise _bad("train_batch_size must be >= 1.", self.train_batch_size, "integers >= 1 or null")
-        pt = "none" if self.parallel_training is None else str(self.parallel_training).strip().lower()
-        pt = "none" if pt == "null" else pt
-        if pt not in ("none", "mp"):
-            raise _bad("parallel_training only supports: none, mp.", self.parallel_training, "none, mp")
-        if pt == "mp" and self.agent_devices is None:
-            raise _bad("parallel_training='mp' requires explicit agent_devices.", self.agent_devices,
-                       "a device string or a list of length 1 or num_agents")
-        self.parallel_training = pt
+        normalize_parallel_training(self)
         if self.reference_kl_coef < 0:
             raise _bad("reference_kl_coef must be >= 0.", self.reference_kl_coef, "numbers >= 0")
         self._validate_reference_kl()
@@ -192,14 +212,7 @@ class MADPOConfig:
                        "integers >= 1")
         if self.gradient_clip_val is not None and not self.gradient_clip_val > 0:
             raise _bad("gradient_clip_val must be > 0 or null.", self.gradient_clip_val, "numbers > 0 or null")
-        if self.max_new_tokens < 1:
-            raise _bad("max_new_tokens must be >= 1.", self.max_new_tokens, "integers >= 1")
-        if not self.temperature > 0:
-            raise _bad("temperature must be > 0.", self.temperature, "numbers > 0")
-        if not 0 < self.top_p <= 1:
-            raise _bad("top_p must be in (0, 1].", self.top_p, "numbers in (0, 1]")
-        if self.top_k is not None and self.top_k < 1:
-            raise _bad("top_k must be >= 1 or null.", self.top_k, "integers >= 1 or null")
+        check_sampling(self)
 
     def _validate_reference_kl(self) -> None:
         # Decision 2: MADPO is reference-free; the option is accepted for compatibility and ignored.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from comlrl_lightning.config import _bad
+from comlrl_lightning.config import _bad, check_counts, check_sampling, normalize_parallel_training
 
 
 def _device_count(spec: Any) -> int | None:
@@ -92,15 +92,8 @@ class _ActorCriticOptions:
 
     def __post_init__(self) -> None:
         method = self._method
-        for name in ("rollout_buffer_size", "num_agents", "num_turns", "eval_batch_size", "logging_steps",
-                     "num_train_epochs", "max_new_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise _bad(f"{name} must be >= 1.", value, "integers >= 1")
-        for name in ("eval_interval", "eval_num_samples"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise _bad(f"{name} must be >= 0.", value, "integers >= 0")
+        check_counts(self, ("rollout_buffer_size", "num_agents", "num_turns", "eval_batch_size", "logging_steps",
+                            "num_train_epochs", "max_new_tokens"), ("eval_interval", "eval_num_samples"))
         if self.train_batch_size is None:
             self.train_batch_size = self.rollout_buffer_size
         if not isinstance(self.train_batch_size, int) or self.train_batch_size < 1:
@@ -116,15 +109,9 @@ class _ActorCriticOptions:
         if ct not in ("v", "q"):
             raise _bad("critic_type must be one of: 'v', 'q'.", self.critic_type, "'v', 'q' (case-insensitive)")
         self.critic_type = ct
-        pt = "none" if self.parallel_training is None else str(self.parallel_training).strip().lower()
-        pt = "none" if pt == "null" else pt
-        if pt not in ("none", "mp"):
-            raise _bad("parallel_training only supports: none, mp.", self.parallel_training, "none, mp")
-        self.parallel_training = pt
+        normalize_parallel_training(self)
+        pt = self.parallel_training
         if pt == "mp":
-            if self.agent_devices is None:
-                raise _bad("parallel_training='mp' requires explicit agent_devices.", self.agent_devices,
-                           "a device string or a list of length 1 or num_agents")
             if self._separate_critics() and self.critic_devices is None:
                 raise _bad("parallel_training='mp' requires explicit critic_devices.", self.critic_devices,
                            "a device string or a list of device strings")
@@ -150,12 +137,7 @@ class _ActorCriticOptions:
             except (TypeError, ValueError):
                 raise _bad("early_termination_threshold must be a number or null.",
                            self.early_termination_threshold, "numbers or null") from None
-        if not self.temperature > 0:
-            raise _bad("temperature must be > 0.", self.temperature, "numbers > 0")
-        if not 0 < self.top_p <= 1:
-            raise _bad("top_p must be in (0, 1].", self.top_p, "numbers in (0, 1]")
-        if self.top_k is not None and self.top_k < 1:
-            raise _bad("top_k must be >= 1 or null.", self.top_k, "integers >= 1 or null")
+        check_sampling(self)
         if not self.agent_learning_rate > 0:
             raise _bad("agent_learning_rate must be > 0.", self.agent_learning_rate, "numbers > 0")
         if not self.value_loss_coef >= 0:

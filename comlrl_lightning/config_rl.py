@@ -11,7 +11,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from comlrl_lightning.config import JOINT_MODE_ALIASES, _bad, _normalize_choice
+from comlrl_lightning.config import (
+    JOINT_MODE_ALIASES,
+    _bad,
+    _normalize_choice,
+    check_counts,
+    check_sampling,
+    normalize_parallel_training,
+)
 from comlrl_lightning.losses import ADVANTAGE_MODES
 
 
@@ -77,13 +84,8 @@ class MAGRPOConfig:
     _method = "MAGRPO"
 
     def __post_init__(self) -> None:
-        for name in ("num_train_epochs", "num_agents", "rollout_buffer_size", "eval_batch_size", "num_turns",
-                     "logging_steps"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise _bad(f"{name} must be >= 1.", getattr(self, name), "integers >= 1")
-        for name in ("eval_interval", "eval_num_samples"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise _bad(f"{name} must be >= 0.", getattr(self, name), "integers >= 0")
+        check_counts(self, ("num_train_epochs", "num_agents", "rollout_buffer_size", "eval_batch_size", "num_turns",
+                            "logging_steps"), ("eval_interval", "eval_num_samples"))
         if self.train_batch_size is None:
             self.train_batch_size = self.rollout_buffer_size
         if not isinstance(self.train_batch_size, int) or self.train_batch_size < 1:
@@ -91,14 +93,7 @@ class MAGRPOConfig:
         if not isinstance(self.num_generations, int) or self.num_generations < 2:
             raise _bad("num_generations must be >= 2 (group baseline requires multiple samples).",
                        self.num_generations, "integers >= 2")
-        pt = "none" if self.parallel_training is None else str(self.parallel_training).strip().lower()
-        pt = "none" if pt == "null" else pt
-        if pt not in ("none", "mp"):
-            raise _bad("parallel_training only supports: none, mp.", self.parallel_training, "none, mp")
-        if pt == "mp" and self.agent_devices is None:
-            raise _bad("parallel_training='mp' requires explicit agent_devices.", self.agent_devices,
-                       "a device string or a list of length 1 or num_agents")
-        self.parallel_training = pt
+        normalize_parallel_training(self)
         self.joint_mode = _normalize_choice("joint_mode", self.joint_mode, JOINT_MODE_ALIASES, "aligned",
                                             "joint_mode must be one of: aligned, cross.")
         mode = "mean" if self.advantage_mode is None else str(self.advantage_mode).strip().lower()
@@ -120,14 +115,7 @@ class MAGRPOConfig:
             except (TypeError, ValueError):
                 raise _bad("early_termination_threshold must be a number or null.",
                            self.early_termination_threshold, "numbers or null") from None
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise _bad("max_new_tokens must be >= 1.", self.max_new_tokens, "integers >= 1")
-        if not self.temperature > 0:
-            raise _bad("temperature must be > 0.", self.temperature, "numbers > 0")
-        if not 0 < self.top_p <= 1:
-            raise _bad("top_p must be in (0, 1].", self.top_p, "numbers in (0, 1]")
-        if self.top_k is not None and self.top_k < 1:
-            raise _bad("top_k must be >= 1 or null.", self.top_k, "integers >= 1 or null")
+        check_sampling(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-type dict of every option (for logging and checkpoints)."""
