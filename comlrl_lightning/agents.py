@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import socket
 import threading
 from collections.abc import Iterator, Sequence
@@ -215,25 +217,41 @@ class AgentTeam:
         yield model
 
     def save(self, output_dir: str | os.PathLike) -> list[str]:
-        """Write ``output_dir/agent_{i}/`` (model + tokenizer, or the LoRA adapter + tokenizer) per agent."""
+        """Write ``output_dir/agent_{i}/`` (model + tokenizer, or the LoRA adapter + tokenizer) per agent.
+
+        Each folder is written under a temporary name and renamed into place, so a crash never leaves a
+        half-written agent (an existing folder is replaced only once the new one is complete).
+        """
         out = Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
         paths = []
         for i, (model, tok, adapter) in enumerate(zip(self.models, self.tokenizers, self.adapters)):
-            target = out / f"agent_{i}"
-            target.mkdir(parents=True, exist_ok=True)
-            if adapter is not None:
-                model.save_pretrained(str(target), selected_adapters=[adapter])
-                # peft writes non-default adapters into a subfolder; flatten it so from_pretrained works.
-                sub = target / adapter
-                if sub.is_dir():
-                    for f in sub.iterdir():
-                        os.replace(f, target / f.name)
-                    sub.rmdir()
-            else:
-                model.save_pretrained(str(target))
-            tok.save_pretrained(str(target))
-            paths.append(str(target))
+            final = out / f"agent_{i}"
+            target = Path(tempfile.mkdtemp(prefix=f".agent_{i}.", dir=out))
+            try:
+                self._save_one(model, tok, adapter, target)
+                if final.exists():
+                    shutil.rmtree(final)
+                os.replace(target, final)
+            except BaseException:
+                shutil.rmtree(target, ignore_errors=True)
+                raise
+            paths.append(str(final))
         return paths
+
+    @staticmethod
+    def _save_one(model: Any, tok: Any, adapter: str | None, target: Path) -> None:
+        if adapter is not None:
+            model.save_pretrained(str(target), selected_adapters=[adapter])
+            # peft writes non-default adapters into a subfolder; flatten it so from_pretrained works.
+            sub = target / adapter
+            if sub.is_dir():
+                for f in sub.iterdir():
+                    os.replace(f, target / f.name)
+                sub.rmdir()
+        else:
+            model.save_pretrained(str(target))
+        tok.save_pretrained(str(target))
 
 
 def sync_special_tokens(model: Any, tok: Any) -> None:

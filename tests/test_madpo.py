@@ -304,3 +304,49 @@ def test_madpo_raises_task_reward_on_builtin_task():
     history = tr.evaluation.history
     before, after = history[0][1]["eval/reward_mean"], history[-1][1]["eval/reward_mean"]
     assert after - before > 0.15, (before, after)
+
+
+def test_pairs_with_only_empty_completions_are_rejected(tiny_model_dir):
+    from comlrl_lightning.data.preference import PreferenceDataModule
+    from comlrl_lightning.preferences import PreferencePair
+
+    dm = PreferenceDataModule(train_dataset=ITEMS, eval_dataset=None, reward_func=cooperative_reward,
+                              formatters=FORMATTERS)
+    good = PreferencePair(["a", "b"], ["x", ""], ["", ""], 1.0, 0.0, 0.5)
+    empty = PreferencePair(["a", "b"], ["", " "], ["", ""], 1.0, 0.0, 0.5)
+    dm.add_round([good])
+    with pytest.raises(ValueError, match=r"Preference pair 1: every winner and loser completion is an empty string"):
+        dm.add_round([good, empty])
+    with pytest.raises(ValueError, match=r"Preference pair 0: winner_completions has 1 entries"):
+        dm.add_round([PreferencePair(["a", "b"], ["x"], ["y", "z"], 1.0, 0.0, 0.5)])
+
+
+def test_optimizer_and_scheduler_from_yaml(tmp_path, monkeypatch):
+    from comlrl_lightning.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    seen = {}
+
+    class Probe(__import__("lightning").Callback):
+        def on_train_end(self, trainer, pl_module):
+            seen["opts"] = [type(o.optimizer if hasattr(o, "optimizer") else o).__name__
+                            for o in trainer.optimizers]
+            seen["lr"] = [o.param_groups[0]["lr"] for o in trainer.optimizers]
+            seen["scheds"] = len(trainer.lr_scheduler_configs)
+
+    monkeypatch.setattr("comlrl_lightning.callbacks.ExportAgents.on_train_end", lambda self, t, m: Probe().on_train_end(t, m))
+    main(["fit", "--config", str(ROOT / "configs/madpo/tiny.yaml"), *CLI_OVERRIDES,
+          "--model.init_args.optimizer=torch.optim.SGD", "--model.init_args.optimizer.lr=0.05",
+          "--model.init_args.lr_scheduler=torch.optim.lr_scheduler.StepLR",
+          "--model.init_args.lr_scheduler.step_size=1000"])
+    assert seen["opts"] == ["SGD", "SGD"] and seen["lr"] == [0.05, 0.05] and seen["scheds"] == 2
+
+
+def test_gradient_accumulation_halves_the_optimizer_steps(tiny_model_dir):
+    plain = make_trainer(tiny_model_dir, args=small_args(train_batch_size=1))
+    plain.train()
+    accum = make_trainer(tiny_model_dir, args=small_args(train_batch_size=1, gradient_accumulation_steps=2))
+    accum.train()
+    pairs = int(accum.trainer.callback_metrics["round/num_pairs"])
+    assert plain.trainer.global_step == 2 * pairs
+    assert accum.trainer.global_step == 2 * math.ceil(pairs / 2)  # a last odd batch is stepped at epoch end

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from comlrl_lightning.data.preference import EpochPermutation, PreferenceDataModule, _PairList
+from comlrl_lightning.data.preference import EpochPermutation, PreferenceDataModule, _PairList, check_pairs
 from comlrl_lightning.preferences import PreferencePair
 from comlrl_lightning.replay import ReplayStore
 
@@ -46,6 +46,7 @@ class IterativePreferenceDataModule(PreferenceDataModule):
     # --- the pair sink --------------------------------------------------------------------------------
     def add_round(self, pairs: Sequence[PreferencePair]) -> None:
         """This round's new pairs; they are also the training pairs until :meth:`commit_round` replaces them."""
+        check_pairs(pairs, self.num_agents)
         self.new_pairs = list(pairs)
         self.pairs = list(pairs)
         self.pending_round = self.rounds_added

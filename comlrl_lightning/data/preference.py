@@ -32,6 +32,19 @@ class EpochPermutation(Sampler):
         return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed)).tolist())
 
 
+def check_pairs(pairs: Sequence[PreferencePair], num_agents: int) -> None:
+    """Pairs must hold one text per agent on each side, and not be empty on both sides for every agent
+    (such a pair carries no preference). The error names the pair index."""
+    for i, p in enumerate(pairs):
+        for name in ("prompts", "winner_completions", "loser_completions"):
+            if len(getattr(p, name)) != num_agents:
+                raise ValueError(f"Preference pair {i}: {name} has {len(getattr(p, name))} entries; "
+                                 f"expected one per agent ({num_agents}).")
+        if not any(t.strip() for t in p.winner_completions + p.loser_completions):
+            raise ValueError(f"Preference pair {i}: every winner and loser completion is an empty string; "
+                             "such a pair carries no preference. Remove it from the pair set.")
+
+
 _PairList = IndexedList  # pairs served as (index, pair)
 _resolve_callable = resolve_callable  # kept for importers
 
@@ -77,6 +90,7 @@ class PreferenceDataModule(L.LightningDataModule):
     # --- the pair sink ------------------------------------------------------------------------------
     def add_round(self, pairs: Sequence[PreferencePair]) -> None:
         """Replace the training pairs with this round's selection (offline MADPO: the single round)."""
+        check_pairs(pairs, self.num_agents)
         self.pairs = list(pairs)
 
     # --- Lightning ----------------------------------------------------------------------------------

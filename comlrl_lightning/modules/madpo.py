@@ -150,6 +150,12 @@ class MADPOModule(L.LightningModule):
         self._after_update(batch, loss, stats)
         return loss.detach()
 
+    def on_train_epoch_end(self) -> None:
+        # gradients accumulated over the epoch's last (incomplete) group are applied, not carried over
+        if self._accum > 0:
+            optimizers = self.optimizers()
+            self._step_all(optimizers if isinstance(optimizers, list) else [optimizers])
+
     def _step_all(self, optimizers: list) -> None:
         for opt in optimizers:
             if self.args.gradient_clip_val is not None:
