@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
 import socket
+import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field

@@ -56,6 +56,16 @@ def normalize_parallel_training(cfg: Any) -> None:
     cfg.parallel_training = pt
 
 
+def check_reference_devices(cfg: Any) -> None:
+    """With reference KL on, ``reference_devices`` (when set) must name 1 or ``num_agents`` devices."""
+    devices = cfg.reference_devices
+    if cfg.reference_kl_enabled and devices is not None:
+        count = 1 if isinstance(devices, str) else len(list(devices))
+        if count not in (1, cfg.num_agents):
+            raise _bad(f"reference_devices length ({count}) must be 1 or N.", devices,
+                       f"a device string, or a list of 1 or num_agents={cfg.num_agents} entries")
+
+
 def check_sampling(cfg: Any) -> None:
     """Generation settings: max_new_tokens >= 1, temperature > 0, top_p in (0, 1], top_k >= 1 or None."""
     if not isinstance(cfg.max_new_tokens, int) or cfg.max_new_tokens < 1:

@@ -16,7 +16,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from comlrl_lightning.config import MADPOConfig, _bad, _IterativePreferenceOptions, _normalize_choice
+from comlrl_lightning.config import (
+    MADPOConfig,
+    _bad,
+    _IterativePreferenceOptions,
+    _normalize_choice,
+    check_reference_devices,
+)
 from comlrl_lightning.reward_model import RewardModelOptions
 
 #: rl_algorithm → the advantage_mode it forces (MAGRPO family); maac/iac leave advantage_mode alone.
@@ -83,12 +89,7 @@ class MARLHFConfig(MADPOConfig):
 
     def _validate_reference_kl(self) -> None:
         # MARLHF uses the reference KL in its RL stage (§8.6): check the devices instead of warning.
-        if self.reference_kl_enabled and self.reference_devices is not None:
-            devices = self.reference_devices
-            count = 1 if isinstance(devices, str) else len(list(devices))
-            if count not in (1, self.num_agents):
-                raise _bad(f"reference_devices length ({count}) must be 1 or N.", devices,
-                           f"a device string, or a list of 1 or num_agents={self.num_agents} entries")
+        check_reference_devices(self)
 
     def _validate_marlhf(self) -> None:
         if self.rl_algorithm not in RL_ALGORITHMS:

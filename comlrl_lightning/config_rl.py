@@ -16,6 +16,7 @@ from comlrl_lightning.config import (
     _bad,
     _normalize_choice,
     check_counts,
+    check_reference_devices,
     check_sampling,
     normalize_parallel_training,
 )
@@ -103,12 +104,7 @@ class MAGRPOConfig:
         self.advantage_mode = mode
         if not isinstance(self.reference_kl_coef, (int, float)) or not self.reference_kl_coef >= 0:
             raise _bad("reference_kl_coef must be >= 0.", self.reference_kl_coef, "numbers >= 0")
-        if self.reference_kl_enabled and self.reference_devices is not None:
-            devices = self.reference_devices
-            count = 1 if isinstance(devices, str) else len(list(devices))
-            if count not in (1, self.num_agents):
-                raise _bad(f"reference_devices length ({count}) must be 1 or N.", devices,
-                           f"a device string, or a list of 1 or num_agents={self.num_agents} entries")
+        check_reference_devices(self)
         if self.early_termination_threshold is not None:
             try:
                 self.early_termination_threshold = float(self.early_termination_threshold)
