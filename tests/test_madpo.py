@@ -350,3 +350,23 @@ def test_gradient_accumulation_halves_the_optimizer_steps(tiny_model_dir):
     pairs = int(accum.trainer.callback_metrics["round/num_pairs"])
     assert plain.trainer.global_step == 2 * pairs
     assert accum.trainer.global_step == 2 * math.ceil(pairs / 2)  # a last odd batch is stepped at epoch end
+
+
+def test_wandb_config_builds_an_offline_wandb_logger(tiny_model_dir, tmp_path, monkeypatch):
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    tr = MADPOTrainer(agent_model=tiny_model_dir, train_dataset=ITEMS, reward_func=cooperative_reward,
+                      formatters=FORMATTERS, args=small_args(),
+                      wandb_config={"project": "comlrl-test", "name": "madpo-run", "dir": str(tmp_path / "wb"),
+                                    "config_sections": {"dataset": {"name": "coop", "type": "toy"}}},
+                      trainer_kwargs={"enable_progress_bar": False, "enable_model_summary": False,
+                                      "accelerator": "cpu"})
+    logger = tr.trainer.logger
+    assert isinstance(logger, WandbLogger)
+    tr.train()
+    run_config = dict(logger.experiment.config)
+    logger.experiment.finish()
+    assert run_config["algorithm"] == "MADPO" and run_config["dpo_beta"] == 0.1
+    assert run_config["dataset_name"] == "coop"
+    assert list((tmp_path / "wb").rglob("*.wandb"))

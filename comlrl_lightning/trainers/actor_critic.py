@@ -17,27 +17,7 @@ from comlrl_lightning.callbacks import TaskRewardEvaluation
 from comlrl_lightning.config_ac import IACConfig, MAACConfig
 from comlrl_lightning.data.tasks_dm import TaskDataModule
 from comlrl_lightning.modules.actor_critic import ActorCriticModule
-from comlrl_lightning.trainers.common import check_facade_inputs
-
-
-def _wandb_logger(wandb_config: dict, args: Any, method: str) -> Any:
-    """A ``WandbLogger`` from CoMLRL's ``wandb_config`` keys (project, entity, name/run_name, dir, tags, id,
-    resume, config_sections)."""
-    from pathlib import Path
-
-    from lightning.pytorch.loggers import WandbLogger
-
-    cfg = dict(wandb_config)
-    sections = dict(cfg.get("config_sections") or {})
-    run_config = {"algorithm": method, **args.to_dict(), **sections}
-    dataset = sections.get("dataset") or {}
-    if isinstance(dataset, dict):
-        run_config.update({f"dataset_{k}": dataset[k] for k in ("name", "type") if k in dataset})
-    if cfg.get("dir"):
-        Path(cfg["dir"]).mkdir(parents=True, exist_ok=True)
-    kwargs = {k: cfg[k] for k in ("project", "entity", "tags", "id", "resume") if cfg.get(k) is not None}
-    name = cfg.get("name", cfg.get("run_name"))
-    return WandbLogger(name=name, save_dir=cfg.get("dir") or ".", config=run_config, **kwargs)
+from comlrl_lightning.trainers.common import check_facade_inputs, trainer_kwargs_for
 
 
 class _ActorCriticTrainer:
@@ -91,13 +71,8 @@ class _ActorCriticTrainer:
             num_agents=n, seed=self.args.seed,
         )
         self.evaluation = TaskRewardEvaluation()
-        kwargs: dict[str, Any] = {
-            "accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
-            "max_epochs": self.args.num_train_epochs, "num_sanity_val_steps": 0, "log_every_n_steps": 1,
-        }
-        if wandb_config is not None:
-            kwargs["logger"] = _wandb_logger(wandb_config, self.args, self._method)
-        kwargs.update(trainer_kwargs or {})
+        kwargs = trainer_kwargs_for(self.args.num_train_epochs, self.args, self._method, wandb_config,
+                                    trainer_kwargs)
         extra = [self.evaluation] if self.datamodule.eval_items else []
         self.trainer = L.Trainer(callbacks=[*extra, *callbacks], **kwargs)
 

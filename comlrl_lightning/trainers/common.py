@@ -21,3 +21,39 @@ def sync_num_agents(args: Any, agents: Any, num_agents: int | None) -> None:
         args.num_agents = len(agents)
     elif num_agents is not None and num_agents != args.num_agents:
         raise ValueError(f"num_agents ({num_agents}) must match args.num_agents ({args.num_agents}).")
+
+
+def trainer_kwargs_for(max_epochs: int, args: Any, algorithm: str, wandb_config: dict | None,
+                       trainer_kwargs: dict | None) -> dict[str, Any]:
+    """``lightning.Trainer`` kwargs of a facade: quiet CPU/GPU defaults, a ``WandbLogger`` when
+    ``wandb_config`` is given (and ``trainer_kwargs`` sets no logger), then the user's ``trainer_kwargs``."""
+    kwargs: dict[str, Any] = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
+                              "num_sanity_val_steps": 0, "log_every_n_steps": 1, "max_epochs": max_epochs}
+    if wandb_config is not None and "logger" not in (trainer_kwargs or {}):
+        kwargs["logger"] = wandb_logger(wandb_config, args, algorithm)
+    kwargs.update(trainer_kwargs or {})
+    return kwargs
+
+
+def wandb_logger(wandb_config: dict, args: Any, algorithm: str) -> Any:
+    """A ``WandbLogger`` from CoMLRL's ``wandb_config`` keys (``project``, ``entity``, ``name``/``run_name``,
+    ``dir``, ``tags``, ``id``, ``resume``, ``config_sections``). The run config holds ``algorithm``, every
+    option of ``args`` (literal API keys and secret headers redacted) and the config sections."""
+    from pathlib import Path
+
+    from lightning.pytorch.loggers import WandbLogger
+
+    from comlrl_lightning.config import redact_secrets
+
+    cfg = dict(wandb_config)
+    sections = dict(cfg.get("config_sections") or {})
+    options = redact_secrets(dict(args.to_dict()) if hasattr(args, "to_dict") else {})
+    run_config = {"algorithm": algorithm, **options, **sections}
+    dataset = sections.get("dataset") or {}
+    if isinstance(dataset, dict):
+        run_config.update({f"dataset_{k}": dataset[k] for k in ("name", "type") if k in dataset})
+    if cfg.get("dir"):
+        Path(cfg["dir"]).mkdir(parents=True, exist_ok=True)
+    kwargs = {k: cfg[k] for k in ("project", "entity", "tags", "id", "resume") if cfg.get(k) is not None}
+    name = cfg.get("name", cfg.get("run_name"))
+    return WandbLogger(name=name, save_dir=cfg.get("dir") or ".", config=run_config, **kwargs)

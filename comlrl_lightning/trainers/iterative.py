@@ -26,7 +26,7 @@ from comlrl_lightning.config import MADPOIterConfig
 from comlrl_lightning.data.iterative import IterativePreferenceDataModule
 from comlrl_lightning.distributions import resolve_reward_range
 from comlrl_lightning.modules.madpo import MADPOModule
-from comlrl_lightning.trainers.common import check_facade_inputs, sync_num_agents
+from comlrl_lightning.trainers.common import check_facade_inputs, sync_num_agents, trainer_kwargs_for
 
 
 def round_callbacks(args: MADPOIterConfig, comparator: Any = None) -> list[L.Callback]:
@@ -69,6 +69,7 @@ class MADPOIterTrainer:
         centralized_comparator_adapter: Any = None,
         callbacks: Sequence[L.Callback] = (),
         trainer_kwargs: dict | None = None,
+        wandb_config: dict | None = None,
     ):
         check_facade_inputs(agent_model, agents, reward_func, train_dataset)
         self.args = args if args is not None else MADPOIterConfig()
@@ -89,9 +90,8 @@ class MADPOIterTrainer:
         self.module.comparator = self.comparator
         self.round_callbacks = round_callbacks(self.args, self.comparator)
         extra = [TaskRewardEvaluation()] if evaluation else []
-        kwargs = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
-                      "num_sanity_val_steps": 0, "max_epochs": self.args.num_iterations * self.args.num_train_epochs}
-        kwargs.update(trainer_kwargs or {})
+        kwargs = trainer_kwargs_for(self.args.num_iterations * self.args.num_train_epochs, self.args, "MADPOIter",
+                                    wandb_config, trainer_kwargs)
         kwargs["reload_dataloaders_every_n_epochs"] = 1
         self.trainer = L.Trainer(callbacks=[*self.round_callbacks, *extra, *callbacks], **kwargs)
 

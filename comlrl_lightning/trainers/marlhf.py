@@ -35,7 +35,7 @@ from comlrl_lightning.callbacks import (
 )
 from comlrl_lightning.config_marlhf import MARLHFConfig, MARLHFIterConfig
 from comlrl_lightning.modules.marlhf import build_marlhf_module, default_reward_source
-from comlrl_lightning.trainers.common import check_facade_inputs, sync_num_agents
+from comlrl_lightning.trainers.common import check_facade_inputs, sync_num_agents, trainer_kwargs_for
 
 
 def _check_common(agent_model: Any, agents: Any, reward_func: Any, train_dataset: Any, args: MARLHFConfig,
@@ -110,6 +110,7 @@ class MARLHFTrainer(_MARLHFFacade):
         evaluation: bool = True,
         callbacks: Sequence[L.Callback] = (),
         trainer_kwargs: dict | None = None,
+        wandb_config: dict | None = None,
     ):
         self.args = args if args is not None else self.config_cls()
         if not isinstance(self.args, self.config_cls):
@@ -124,9 +125,8 @@ class MARLHFTrainer(_MARLHFFacade):
         self.datamodule = self._datamodule(train_dataset, eval_dataset, reward_func, reward_processor, formatters)
         self.round_callbacks = self._round_callbacks(reward_model, reward_val_fraction)
         self.evaluation = TaskRewardEvaluation() if evaluation else None
-        kwargs = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
-                  "num_sanity_val_steps": 0, "log_every_n_steps": 1, "max_epochs": self._max_epochs()}
-        kwargs.update(trainer_kwargs or {})
+        kwargs = trainer_kwargs_for(self._max_epochs(), self.args, type(self).__name__.replace("Trainer", ""),
+                                    wandb_config, trainer_kwargs)
         self._fix_trainer_kwargs(kwargs)
         extra = [self.evaluation] if self.evaluation is not None and self.datamodule.eval_items else []
         self.trainer = L.Trainer(callbacks=[*self.round_callbacks, *extra, *callbacks], **kwargs)

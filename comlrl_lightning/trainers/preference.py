@@ -15,7 +15,7 @@ from comlrl_lightning.callbacks import PreferenceCollection, TaskRewardEvaluatio
 from comlrl_lightning.config import MADPOConfig
 from comlrl_lightning.data.preference import PreferenceDataModule
 from comlrl_lightning.modules.madpo import MADPOModule
-from comlrl_lightning.trainers.common import check_facade_inputs, sync_num_agents
+from comlrl_lightning.trainers.common import check_facade_inputs, sync_num_agents, trainer_kwargs_for
 
 
 class MADPOTrainer:
@@ -23,7 +23,8 @@ class MADPOTrainer:
 
     Args mirror CoMLRL's (spec §2.7): ``agent_model`` or ``agents``, ``tokenizer``, ``train_dataset``,
     ``eval_dataset``, ``reward_func``, ``reward_processor``, ``formatters``, ``args``; plus ``model_config``,
-    ``lora``, extra ``callbacks`` and ``trainer_kwargs`` for ``lightning.Trainer``.
+    ``lora``, extra ``callbacks``, ``trainer_kwargs`` for ``lightning.Trainer`` and CoMLRL's ``wandb_config``
+    (a ``WandbLogger`` unless ``trainer_kwargs`` sets a logger).
     """
 
     def __init__(
@@ -42,6 +43,7 @@ class MADPOTrainer:
         lora: dict | None = None,
         callbacks: Sequence[L.Callback] = (),
         trainer_kwargs: dict | None = None,
+        wandb_config: dict | None = None,
     ):
         check_facade_inputs(agent_model, agents, reward_func, train_dataset)
         self.args = args if args is not None else MADPOConfig()
@@ -55,10 +57,7 @@ class MADPOTrainer:
         )
         self.collection = PreferenceCollection()
         self.evaluation = TaskRewardEvaluation()
-        kwargs = dict(accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
-                      max_epochs=self.args.num_train_epochs, num_sanity_val_steps=0,
-                      log_every_n_steps=1)
-        kwargs.update(trainer_kwargs or {})
+        kwargs = trainer_kwargs_for(self.args.num_train_epochs, self.args, "MADPO", wandb_config, trainer_kwargs)
         self.trainer = L.Trainer(callbacks=[self.collection, self.evaluation, *callbacks], **kwargs)
 
     @property

@@ -16,7 +16,7 @@ from comlrl_lightning.callbacks import TaskRewardEvaluation
 from comlrl_lightning.config_rl import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
 from comlrl_lightning.data.tasks_dm import TaskDataModule
 from comlrl_lightning.modules.magrpo import MAGRPOModule, check_transition
-from comlrl_lightning.trainers.common import check_facade_inputs
+from comlrl_lightning.trainers.common import check_facade_inputs, trainer_kwargs_for
 
 
 class MAGRPOTrainer:
@@ -67,11 +67,8 @@ class MAGRPOTrainer:
             num_agents=self.args.num_agents, seed=self.args.seed,
         )
         self.evaluation = TaskRewardEvaluation()
-        kwargs = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
-                      "max_epochs": self.args.num_train_epochs, "num_sanity_val_steps": 0, "log_every_n_steps": 1}
-        if wandb_config is not None and "logger" not in (trainer_kwargs or {}):
-            kwargs["logger"] = _wandb_logger(wandb_config, self.args, self.algorithm_name, self.module.team)
-        kwargs.update(trainer_kwargs or {})
+        kwargs = trainer_kwargs_for(self.args.num_train_epochs, self.args, self.algorithm_name, wandb_config,
+                                    trainer_kwargs)
         self.trainer = L.Trainer(callbacks=[self.evaluation, *callbacks], **kwargs)
 
     @property
@@ -107,24 +104,3 @@ class MAReMaxTrainer(MAGRPOTrainer):
 
     config_cls = MAReMaxConfig
     algorithm_name = "MAReMax"
-
-
-def _wandb_logger(cfg: dict, args: MAGRPOConfig, algorithm: str, team: Any):
-    from pathlib import Path
-
-    from lightning.pytorch.loggers import WandbLogger
-
-    if cfg.get("dir"):
-        Path(cfg["dir"]).mkdir(parents=True, exist_ok=True)
-    logger = WandbLogger(project=cfg.get("project"), entity=cfg.get("entity"),
-                         name=cfg.get("name") or cfg.get("run_name"), save_dir=cfg.get("dir") or ".",
-                         tags=cfg.get("tags"), id=cfg.get("id"), resume=cfg.get("resume"))
-    run_config = {
-        "model_name": team.names[0], "num_agents": team.num_agents, "num_turns": args.num_turns,
-        "algorithm": algorithm, **{k: getattr(args, k) for k in (
-            "advantage_mode", "advantage_normalization", "reference_kl_enabled", "reference_kl_coef",
-            "reference_devices", "agent_learning_rate", "num_train_epochs", "max_new_tokens", "num_generations")},
-        **dict(cfg.get("config_sections") or {}),
-    }
-    logger.log_hyperparams(run_config)
-    return logger
