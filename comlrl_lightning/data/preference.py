@@ -149,15 +149,9 @@ class PreferenceDataModule(L.LightningDataModule):
         pairs = [p for _, p in batch]
         agents = []
         for a in range(self.num_agents):
-            prompts, comps = [], []
-            for p in pairs:
-                pr, w, lo = self.pair_token_ids(p, a)
-                prompts.append(pr)
-                comps.append(w)
-            for p in pairs:
-                pr, w, lo = self.pair_token_ids(p, a)
-                prompts.append(pr)
-                comps.append(lo)
+            ids = [self.pair_token_ids(p, a) for p in pairs]  # (prompt, winner, loser), tokenized once
+            prompts = [pr for pr, _, _ in ids] * 2
+            comps = [w for _, w, _ in ids] + [lo for _, _, lo in ids]
             agents.append(build_scoring_batch(prompts, comps, self.tokenizers[a].pad_token_id, drop_last=True))
         return {
             "agents": agents,
