@@ -24,6 +24,15 @@ def trim_at_pad(ids: Sequence[int], pad_id: int | None) -> list[int]:
     return ids
 
 
+def trim_completion(ids: Sequence[int], eos_id: int | None, pad_id: int | None) -> list[int]:
+    """Policy-gradient completion tokens (decision 4): up to (excluding) the first pad and up to (including)
+    the first EOS; nothing after the first EOS counts. When pad == eos the EOS goes with the padding."""
+    ids = trim_at_pad(ids, pad_id)
+    if eos_id is not None and eos_id in ids:
+        ids = ids[: ids.index(eos_id) + 1]
+    return ids
+
+
 def build_scoring_batch(
     prompt_ids: Sequence[Sequence[int]],
     completion_ids: Sequence[Sequence[int]],

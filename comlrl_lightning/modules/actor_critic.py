@@ -40,7 +40,7 @@ from comlrl_lightning.agents import AgentTeam, build_agents, load_model, model_n
 from comlrl_lightning.callbacks.logging_utils import log_metrics
 from comlrl_lightning.config_ac import IACConfig, MAACConfig
 from comlrl_lightning.generation import SamplingSettings, SamplingStream, sample_completions
-from comlrl_lightning.logprobs import build_scoring_batch, token_logps
+from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss, td_advantages, td_targets, value_loss
 from comlrl_lightning.rewards import RewardError, call_reward_function
 from comlrl_lightning.tiny import TINY_MODEL_NAME
@@ -181,19 +181,6 @@ def _load_critic_backbones(sources: list[Any], model_config: dict | None) -> lis
 # --------------------------------------------------------------------------------------------------
 # Small helpers
 # --------------------------------------------------------------------------------------------------
-
-
-def trim_completion(ids: Sequence[int], pad_id: int | None, eos_id: int | None) -> list[int]:
-    """Completion tokens that count (decision 4): up to the first pad, and nothing after the first EOS.
-
-    When pad != eos the EOS itself is kept (it is a sampled action); when pad == eos it is cut with the pad.
-    """
-    ids = list(ids)
-    if pad_id is not None and pad_id in ids:
-        ids = ids[: ids.index(pad_id)]
-    if eos_id is not None and eos_id in ids:
-        ids = ids[: ids.index(eos_id) + 1]
-    return ids
 
 
 def joint_critic_text(prompts: Sequence[str], completions: Sequence[str] | None = None) -> str:
@@ -392,7 +379,7 @@ class ActorCriticModule(L.LightningModule):
         position of each row (last prompt token for V, last completion token for Q)."""
         pad, eos = self._ids(i)
         prompts = [s["prompt_ids"] for s in samples]
-        comps = [trim_completion(s["completion_ids"], pad, eos) for s in samples]
+        comps = [trim_completion(s["completion_ids"], eos, pad) for s in samples]
         batch = build_scoring_batch(prompts, comps, pad, drop_last=False)
         q = self.args.critic_type == "q"
         pos = torch.tensor([len(p) - 1 + (len(c) if q else 0) for p, c in zip(prompts, comps)])
@@ -678,13 +665,15 @@ class ActorCriticModule(L.LightningModule):
         t = samples[0]["turn"] + 1
         def mean(xs):
             return sum(xs) / len(xs)
+
+        pad, eos = self._ids(i)
         out = {
             f"turn_{t}/reward_mean": mean([s["reward"] for s in samples]),
             f"turn_{t}/expected_return": mean([s["return"] for s in samples]),
             f"train/agent{i}/actor_loss": mean(actor_losses),
             ("train/critic/value_loss" if self.is_maac else f"train/agent{i}/value_loss"): mean(value_losses),
             f"train/agent{i}/completions/mean_length": mean(
-                [len(trim_completion(s["completion_ids"], *self._ids(i))) for s in samples]),
+                [len(trim_completion(s["completion_ids"], eos, pad)) for s in samples]),
         }
         if self.reference is not None:
             kl = mean([s["kl"] for s in samples])

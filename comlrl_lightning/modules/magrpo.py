@@ -37,23 +37,12 @@ from comlrl_lightning.callbacks.logging_utils import log_metrics
 from comlrl_lightning.config_rl import MAGRPOConfig
 from comlrl_lightning.data.tasks import format_prompts
 from comlrl_lightning.generation import SamplingSettings, SamplingStream, sample_completions
-from comlrl_lightning.logprobs import build_scoring_batch, token_logps
+from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss
 from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
 from comlrl_lightning.multiturn.tree import AgentDraw, NodeSample, build_tree, node_samples
 from comlrl_lightning.reference import ReferencePolicies, sequence_kl
 from comlrl_lightning.tiny import TINY_MODEL_NAME
-
-
-def trim_completion(ids: Sequence[int], eos_id: int | None, pad_id: int | None) -> list[int]:
-    """The scored tokens of a generated row: up to (excluding) the first pad, and up to (including) the
-    first EOS. Whatever follows the first EOS is padding and never counts (decision 4)."""
-    ids = list(ids)
-    if pad_id is not None and pad_id in ids:
-        ids = ids[: ids.index(pad_id)]
-    if eos_id is not None and eos_id in ids:
-        ids = ids[: ids.index(eos_id) + 1]
-    return ids
 
 
 def completion_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], tokenizer
