@@ -13,11 +13,11 @@ import logging
 import os
 import random
 import re
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from comlrl_lightning.files import write_text_atomic
 from comlrl_lightning.replay import (
     REPLAY_MODES,
     Rng,
@@ -124,17 +124,7 @@ class ReplayStore:
             text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as err:
             raise ValueError(f"cannot write {path}: a pair is not plain finite JSON ({err}).") from err
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=self.directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        self._fsync_dir()
+        write_text_atomic(path, text)
 
         stale = [s for s in self._shards if s.iteration >= iteration]
         if stale:
@@ -147,19 +137,6 @@ class ReplayStore:
         if pairs:
             self._shards.append(ReplayShard(iteration, path, len(pairs)))
         return path
-
-    def _fsync_dir(self) -> None:
-        # Makes the rename itself durable on POSIX; not possible everywhere (e.g. Windows).
-        try:
-            fd = os.open(self.directory, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
 
     def load_shard(self, shard: ReplayShard) -> list[dict[str, Any]]:
         """The pair records of ``shard``, after checking the file against the index.
