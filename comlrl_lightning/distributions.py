@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from comlrl_lightning.files import write_text_atomic
 
 NUM_BINS = 16
 COLORS = {"target": "#e87030", "comparator": "#6e6e6e"}
@@ -91,18 +92,7 @@ def write_record(directory: str | os.PathLike, record: dict[str, Any]) -> Path |
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"iteration_{record['iteration']:04d}.json"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=2, ensure_ascii=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return write_text_atomic(path, json.dumps(record, indent=2, ensure_ascii=False))
 
 
 def svg_chart(record: dict[str, Any], kind: str, style: str) -> str:

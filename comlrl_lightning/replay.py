@@ -14,28 +14,24 @@ shards:
 The functions are pure given an RNG: a ``random.Random`` (what :class:`ReplayStore` owns, so that
 its state can go into a checkpoint as plain ints) or a CPU ``torch.Generator``. Pairs are plain
 JSON dicts (the pair record of §3.7); converting them to tensors is the caller's job.
+
+The files, the shard index and the RNG are :class:`ReplayStore`'s (``replay_store.py``); it and
+:class:`ReplayShard` can be imported from here as well.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
-import logging
 import math
-import os
 import random
-import re
-import tempfile
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 __all__ = [
     "REPLAY_MODES",
-    "ReplayShard",
-    "ReplayStore",
+    "ReplayShard",  # noqa: F822 - from replay_store.py, through __getattr__ below
+    "ReplayStore",  # noqa: F822
     "allocate_draws",
     "lambda_decay_weights",
     "replay_sample_size",
@@ -46,14 +42,9 @@ __all__ = [
     "shard_weights",
 ]
 
-logger = logging.getLogger("comlrl_lightning.replay")
-
 REPLAY_MODES = ("current", "nearest_k", "all_history", "lambda_decay")
 
 Rng = random.Random | torch.Generator
-
-_FILE_RE = re.compile(r"^iteration_(\d{4,})\.json$")
-_STATE_VERSION = 1
 
 
 # --------------------------------------------------------------------------------------------------
@@ -289,250 +280,10 @@ def rng_from_plain(state: dict[str, Any]) -> random.Random:
     return rng
 
 
-# --------------------------------------------------------------------------------------------------
-# the store
-# --------------------------------------------------------------------------------------------------
+def __getattr__(name: str) -> Any:
+    # The store lives in replay_store.py, which imports this module; loaded on first use to avoid a cycle.
+    if name in ("ReplayShard", "ReplayStore"):
+        from comlrl_lightning import replay_store
 
-
-class ReplayShard(NamedTuple):
-    """A non-empty round on disk: 1-based ``iteration``, file ``path``, ``num_pairs`` ≥ 1."""
-
-    iteration: int
-    path: Path
-    num_pairs: int
-
-
-class ReplayStore:
-    """Round files in ``directory``, the shard index, and the replay RNG (spec §3.7, §4).
-
-    Per round: :meth:`write_round` for the round's pairs (every mode, empty rounds included), then
-    :meth:`select` for the pairs to train on. ``state_dict`` holds the shard index and the RNG state
-    as plain types, so a resumed run draws the same pairs as an uninterrupted one. Shard files are
-    referenced by file name relative to ``directory``: the resumed run must point at the same
-    (or a copied) directory.
-
-    Files of an earlier run already in ``directory`` are never imported: without a loaded state the
-    index starts empty, and those files get overwritten as rounds are written (logged once).
-    """
-
-    def __init__(self, directory: str | os.PathLike[str], seed: int = 0) -> None:
-        self.directory = Path(directory).expanduser().absolute()
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.rng = random.Random(seed)
-        self._shards: list[ReplayShard] = []
-        self._state_loaded = False
-        self._checked_leftovers = False
-
-    # -- index ------------------------------------------------------------------------------------
-
-    @property
-    def shards(self) -> tuple[ReplayShard, ...]:
-        """Registered shards (non-empty rounds), oldest first."""
-        return tuple(self._shards)
-
-    @property
-    def total_pairs(self) -> int:
-        """Sum of ``num_pairs`` over all shards (``iter/total_preference_pairs``)."""
-        return sum(s.num_pairs for s in self._shards)
-
-    def file_for(self, iteration: int) -> Path:
-        """Path of round ``iteration`` (1-based): ``directory/iteration_{I:04d}.json``."""
-        return self.directory / f"iteration_{iteration:04d}.json"
-
-    def _warn_leftovers(self) -> None:
-        if self._checked_leftovers or self._state_loaded:
-            return
-        self._checked_leftovers = True
-        old = sorted(p.name for p in self.directory.iterdir() if _FILE_RE.match(p.name))
-        if old:
-            logger.warning(
-                "Replay directory %s already holds %d iteration file(s) from an earlier run (%s..%s); "
-                "they are ignored and will be overwritten. Resume from a checkpoint to reuse them.",
-                self.directory,
-                len(old),
-                old[0],
-                old[-1],
-            )
-
-    # -- files ------------------------------------------------------------------------------------
-
-    def write_round(self, iteration: int, pairs: Sequence[dict[str, Any]]) -> Path:
-        """Write round ``iteration`` (1-based) and register it as a shard if it has pairs.
-
-        The file is compact UTF-8 JSON ``{"iteration": I, "num_pairs": n, "pairs": [...]}`` with
-        non-ASCII text kept, written to a temp file in the same directory, fsynced, then renamed
-        over the target (``os.replace``), so a crash never leaves a half-written round. NaN or
-        infinite numbers are rejected. Rewriting an iteration that is already registered (a
-        resumed run replaying a round) drops it and any later shard from the index first.
-        """
-        if not _is_int(iteration) or iteration < 1:
-            raise ValueError(f"replay iteration numbers are 1-based ints, got {iteration!r}.")
-        pairs = list(pairs)
-        for j, p in enumerate(pairs):
-            if not isinstance(p, dict):
-                raise TypeError(
-                    f"pair {j} of iteration {iteration} is a {type(p).__name__}, expected a dict."
-                )
-        self._warn_leftovers()
-        path = self.file_for(iteration)
-        payload = {"iteration": iteration, "num_pairs": len(pairs), "pairs": pairs}
-        try:
-            text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"cannot write {path}: a pair is not plain finite JSON ({err}).") from err
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=self.directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        self._fsync_dir()
-
-        stale = [s for s in self._shards if s.iteration >= iteration]
-        if stale:
-            logger.warning(
-                "Replay iteration %d rewritten; dropping shards of iterations %s from the index.",
-                iteration,
-                [s.iteration for s in stale],
-            )
-            self._shards = [s for s in self._shards if s.iteration < iteration]
-        if pairs:
-            self._shards.append(ReplayShard(iteration, path, len(pairs)))
-        return path
-
-    def _fsync_dir(self) -> None:
-        # Makes the rename itself durable on POSIX; not possible everywhere (e.g. Windows).
-        try:
-            fd = os.open(self.directory, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
-    def load_shard(self, shard: ReplayShard) -> list[dict[str, Any]]:
-        """The pair records of ``shard``, after checking the file against the index.
-
-        Raises ``FileNotFoundError`` when the file is missing and ``ValueError`` when it is not
-        valid JSON, has the wrong top level, holds a non-dict record, or its ``iteration`` /
-        ``num_pairs`` disagree with the index; every message names the file.
-        """
-        path = Path(shard.path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"Replay shard {path} (iteration {shard.iteration}, {shard.num_pairs} pairs) is missing. "
-                "Replay files must stay in the replay directory for the whole run."
-            ) from None
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"Replay shard {path} is corrupt: not valid JSON ({err}).") from err
-        if not isinstance(data, dict) or set(data) != {"iteration", "num_pairs", "pairs"}:
-            got = sorted(data) if isinstance(data, dict) else type(data).__name__
-            raise ValueError(
-                f"Replay shard {path} is corrupt: expected an object with keys iteration, num_pairs, pairs; got {got}."
-            )
-        pairs = data["pairs"]
-        if not isinstance(pairs, list) or not all(isinstance(p, dict) for p in pairs):
-            raise ValueError(f"Replay shard {path} is corrupt: 'pairs' must be a list of objects.")
-        if data["num_pairs"] != len(pairs) or len(pairs) != shard.num_pairs:
-            raise ValueError(
-                f"Replay shard {path} is corrupt: num_pairs={data['num_pairs']!r}, {len(pairs)} records in the "
-                f"file, {shard.num_pairs} expected by the replay index."
-            )
-        if data["iteration"] != shard.iteration:
-            raise ValueError(
-                f"Replay shard {path} is corrupt: iteration={data['iteration']!r}, expected {shard.iteration}."
-            )
-        return pairs
-
-    # -- selection --------------------------------------------------------------------------------
-
-    def select(
-        self,
-        mode: str,
-        new_pairs: Sequence[dict[str, Any]],
-        sample_size: int | None = None,
-        k: int | None = None,
-        lam: float | None = None,
-        rng: Rng | None = None,
-    ) -> list[dict[str, Any]]:
-        """The pairs round ``t`` trains on (spec §4.1 step 2-3); call after :meth:`write_round`.
-
-        * ``current``: exactly ``new_pairs``, in order; no sampling, no file read, no RNG use.
-        * ``nearest_k`` / ``all_history`` / ``lambda_decay``: S = :func:`replay_sample_size`
-          ``(sample_size, len(new_pairs), shard sizes)`` pairs drawn from the shards (this round's
-          included) with :func:`shard_weights`, :func:`allocate_draws`, :func:`sample_from_shard`
-          and a final shuffle. Only shards with draws are read from disk. Even with no new pairs
-          the round replays S pairs.
-
-        ``rng`` defaults to the store's own ``random.Random`` (saved in ``state_dict``).
-        """
-        if mode not in REPLAY_MODES:
-            raise ValueError(
-                f"preference_replay_mode must be one of: {', '.join(REPLAY_MODES)}; got {mode!r}."
-            )
-        if mode == "current":
-            if sample_size is not None:
-                raise ValueError(
-                    "preference_replay_sample_size is only valid when preference_replay_mode is "
-                    f"'nearest_k', 'all_history', or 'lambda_decay' (got {sample_size!r} with 'current')."
-                )
-            return list(new_pairs)
-        rng = self.rng if rng is None else rng
-        weights = shard_weights(mode, len(self._shards), k=k, lam=lam)
-        size = replay_sample_size(sample_size, len(new_pairs), [s.num_pairs for s in self._shards])
-        counts = allocate_draws(weights, size, rng)
-        return _gather(counts, lambda i: self.load_shard(self._shards[i]), rng)
-
-    # -- checkpoint state -------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """Shard index and RNG state as plain lists/dicts/str/int (safe for ``weights_only`` loads)."""
-        return {
-            "version": _STATE_VERSION,
-            "directory": str(self.directory),
-            "shards": [
-                {"iteration": s.iteration, "file": Path(s.path).name, "num_pairs": s.num_pairs}
-                for s in self._shards
-            ],
-            "rng": rng_state_to_plain(self.rng),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the index and RNG of :meth:`state_dict`; shard files must exist in ``directory``."""
-        try:
-            version = state["version"]
-            entries = [(int(e["iteration"]), str(e["file"]), int(e["num_pairs"])) for e in state["shards"]]
-            rng = rng_from_plain(state["rng"])
-        except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"not a ReplayStore state_dict ({err!r}).") from err
-        if version != _STATE_VERSION:
-            raise ValueError(
-                f"unsupported ReplayStore state version {version!r} (expected {_STATE_VERSION})."
-            )
-        its = [it for it, _, _ in entries]
-        if any(b <= a for a, b in itertools.pairwise(its)) or any(n < 1 for _, _, n in entries):
-            raise ValueError(
-                f"corrupt ReplayStore state: iterations must increase and num_pairs be >= 1 ({entries})."
-            )
-        shards = [ReplayShard(it, self.directory / name, n) for it, name, n in entries]
-        missing = [str(s.path) for s in shards if not s.path.is_file()]
-        if missing:
-            raise FileNotFoundError(
-                f"The checkpoint's replay index needs {len(missing)} shard file(s) missing from {self.directory}, "
-                f"e.g. {missing[0]}. The checkpoint was written with replay directory {state.get('directory')}; "
-                "set preference_replay_dir to that directory (or a copy of it) to resume."
-            )
-        self._shards = shards
-        self.rng = rng
-        self._state_loaded = True
+        return getattr(replay_store, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,13 +12,12 @@ round's collection, ``release()`` once the round's pairs exist, and ``state_dict
   only when those devices differ from the agents' (or ``always_copy=True``); otherwise the live agents.
 * ``model``: ``comparator_model_name`` (every role) or ``comparator_agents`` (per role), loaded once.
 * ``history``: the policy snapshot k rounds back (:func:`history_snapshot_dir`), loaded when it changes.
-* ``api``: an HTTP endpoint (:mod:`comlrl_lightning.comparators.api`), when that module is available.
+* ``api``: an HTTP endpoint (:class:`~comlrl_lightning.comparators.api.APIComparator`).
 """
 
 from __future__ import annotations
 
 import copy
-import importlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -26,6 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from comlrl_lightning.agents import AgentTeam, build_agents, load_tokenizer
+from comlrl_lightning.comparators.api import APIComparator, APIComparatorClient
 from comlrl_lightning.generation import Samples, SamplingStream, sample_completions
 from comlrl_lightning.preferences import sample_team
 
@@ -334,65 +334,6 @@ class HistoryComparator(LocalComparator):
         return self.loaded
 
 
-class APIComparator:
-    """Adapter from :class:`comlrl_lightning.comparators.api.APIComparatorClient` to the source protocol."""
-
-    policy = "api"
-
-    def __init__(self, client: Any, request_cls: Any):
-        self.client = client
-        self.request_cls = request_cls
-        self.pl_module: Any = None
-
-    def setup(self, trainer: Any, pl_module: Any) -> None:
-        self.pl_module = pl_module
-
-    def sample(self, prompts: Sequence[Sequence[str]], num_candidates: int,
-               items: Sequence[dict] | None = None) -> list[Samples]:
-        return [self.sample_agent(a, agent_prompts, num_candidates, items) for a, agent_prompts in enumerate(prompts)]
-
-    def sample_agent(self, agent_index: int, prompts: Sequence[str], num_candidates: int,
-                     items: Sequence[dict] | None = None) -> Samples:
-        s = self.pl_module.sampling_settings()
-        items = list(items) if items is not None else [{} for _ in prompts]
-        reqs = [self.request_cls(prompt=p, agent_index=agent_index, item=items[k], num_candidates=num_candidates,
-                                 max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-                                 top_k=s.top_k) for k, p in enumerate(prompts)]
-        texts = self.client.generate(reqs)
-        for k, t in enumerate(texts):
-            if not t:
-                raise ValueError(f"Comparator API returned no completions for agent {agent_index} (task item {k}).")
-        return Samples(prompt_ids=[[] for _ in texts], completion_ids=[[[] for _ in t] for t in texts],
-                       texts=[list(t) for t in texts])
-
-    def prepare(self, round_index: int) -> None:
-        pass
-
-    def release(self) -> None:
-        pass
-
-    def state_dict(self) -> dict:
-        return {"policy": self.policy}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-
-def _api_comparator(cfg: Any) -> APIComparator:
-    try:
-        api = importlib.import_module("comlrl_lightning.comparators.api")
-    except ImportError as exc:
-        raise ValueError(f"comparator_policy='api' is not available: comlrl_lightning.comparators.api cannot be "
-                         f"imported ({exc}). Use current, current_copy, model or history.") from exc
-    client_cls = getattr(api, "APIComparatorClient", None)
-    request_cls = getattr(api, "CompletionRequest", None)
-    if client_cls is None or request_cls is None or not hasattr(client_cls, "from_config") \
-            or not hasattr(client_cls, "generate"):
-        raise ValueError("comparator_policy='api' is not available: comlrl_lightning.comparators.api has no "
-                         "APIComparatorClient with from_config/generate. Use current, current_copy, model or history.")
-    return APIComparator(client_cls.from_config(cfg), request_cls)
-
-
 class CentralizedComparator:
     """Centralized comparator generation (spec §5.4): one slot writes every role's answer in one text.
 
@@ -463,5 +404,5 @@ def _decentralized_comparator(cfg: Any, model_config: dict | None = None) -> Any
         return HistoryComparator(cfg.policy_checkpoint_dir, cfg.comparator_history_k, devices=cfg.comparator_devices,
                                  model_config=model_config)
     if policy == "api":
-        return _api_comparator(cfg)
+        return APIComparator(APIComparatorClient.from_config(cfg))
     raise ValueError(f"comparator_policy must be one of: current, current_copy, model, history, api. Got {policy!r}.")

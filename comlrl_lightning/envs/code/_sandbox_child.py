@@ -12,6 +12,11 @@ The supervisor creates the namespaces, forks the worker and reports how it ended
 reads nothing from the outside world after setup: the job (code, cases, limits, nonce) arrives on
 stdin before any untrusted code runs. Every record sent back is one line ``<nonce> <json>`` on
 the result pipe, so text printed by the model's code can never be mistaken for a result.
+
+Why one self-contained file of this length: it runs in isolated mode (``-I``), where ``sys.path``
+holds neither this file's folder nor the package, so a sibling module could not be imported; and
+every file it needed would have to stay readable after the drop to an unprivileged uid. Supervisor
+and worker share the setup code, so they stay together here.
 """
 
 import ast

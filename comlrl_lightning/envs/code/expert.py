@@ -2,7 +2,7 @@
 
 ``make_expert_client(url, ...)`` returns the ``client(messages) -> str`` callable that
 :class:`~comlrl_lightning.envs.code.transitions.CodeTransition` expects. It reuses
-:class:`~comlrl_lightning.comparators.api.APIComparatorClient`, so retries with back-off, Retry-After,
+:class:`~comlrl_lightning.comparators.api_client.APIComparatorClient`, so retries with back-off, Retry-After,
 response checks and key hygiene (the key is read from ``key_env`` at request time and never logged) are
 the same as for API comparators.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from comlrl_lightning.comparators.api import APIComparatorClient, CompletionRequest
+from comlrl_lightning.comparators.api_client import APIComparatorClient
+from comlrl_lightning.comparators.api_formats import CompletionRequest
 
 
 def make_expert_client(

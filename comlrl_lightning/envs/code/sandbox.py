@@ -31,16 +31,19 @@ per-run nonce, which stops accidental or printed forgeries only). Files readable
 (world-readable files) stay readable. Without namespaces (``socket-block``), a process the code
 starts with ``setsid`` is still killed by the supervisor's subreaper sweep, but a non-root parent
 cannot hide its own ``/proc/<pid>/environ`` from code running under the same uid.
+
+Why one file of this length: what is left is the parent half of one protocol (the job sent, the
+records read back, their deadlines, restarts after a crash) and its entry points; split, a reader
+would lose the state machine that the security argument above rests on. The child half is
+``_sandbox_child.py``; turning test code into cases is ``cases.py`` (its names are re-exported here).
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import logging
 import math
 import os
-import re
 import secrets
 import select
 import shutil
@@ -54,6 +57,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from comlrl_lightning.envs.code.cases import extract_test_cases, test_setup_code
 
 log = logging.getLogger(__name__)
 
@@ -88,87 +93,6 @@ class TestResult:
     timed_out: bool = False
     skipped: bool = False
     duration_s: float = 0.0
-
-
-# --------------------------------------------------------------------------------------------
-# Test-case extraction
-
-
-def _check_function(tree: ast.Module) -> ast.FunctionDef | None:
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == "check":
-            return node
-    return None
-
-
-def _mentions(node: ast.AST, name: str) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
-
-
-def _has_nested_asserts(check: ast.FunctionDef) -> bool:
-    return any(isinstance(n, ast.Assert) for n in ast.walk(check))
-
-
-def extract_test_cases(test_code: str, entry_point: str) -> list[str]:
-    """Split a HumanEval ``check(candidate)`` into standalone assert statements.
-
-    Each assert directly inside ``check`` that mentions ``candidate`` becomes one case, with
-    ``candidate`` renamed to ``entry_point``; duplicates are dropped, order is kept. Multi-line
-    asserts are supported. If ``check`` exists but has no such top-level assert (e.g. asserts inside
-    a loop), the whole check becomes a single case ``check(<entry_point>)`` so no test is lost.
-    A ``check`` without any assert gives no case.
-    Unparseable test code falls back to the line rule of the spec (stripped lines inside ``check``
-    that start with ``assert`` and contain ``candidate``).
-    """
-    if not test_code or not entry_point:
-        return []
-    rename = re.compile(r"\bcandidate\b")
-    cases: list[str] = []
-    try:
-        tree = ast.parse(test_code)
-    except SyntaxError:
-        inside = False
-        for line in test_code.splitlines():
-            if re.match(r"\s*def\s+check\s*\(", line):
-                inside = True
-            elif inside:
-                stripped = line.strip()
-                if stripped.startswith("assert") and "candidate" in stripped:
-                    cases.append(rename.sub(entry_point, stripped))
-        return list(dict.fromkeys(cases))
-    check = _check_function(tree)
-    if check is None:
-        return []
-    for node in check.body:
-        if isinstance(node, ast.Assert) and _mentions(node, "candidate"):
-            source = ast.get_source_segment(test_code, node) or ast.unparse(node)
-            cases.append(rename.sub(entry_point, source))
-    if not cases and _has_nested_asserts(check):
-        cases.append(f"check({entry_point})")
-    return list(dict.fromkeys(cases))
-
-
-def test_setup_code(test_code: str) -> str:
-    """Module-level statements of the test code other than ``def check`` (imports, constants,
-    helpers), run after the solution so that cases can use them. ``METADATA`` is harmless."""
-    try:
-        tree = ast.parse(test_code or "")
-    except SyntaxError:
-        return ""
-    keep = [node for node in tree.body if not (isinstance(node, ast.FunctionDef) and node.name == "check")]
-    # `check` itself is kept only when a case calls it (fallback of extract_test_cases).
-    check = _check_function(tree)
-    if (
-        check is not None
-        and _has_nested_asserts(check)
-        and not any(isinstance(n, ast.Assert) and _mentions(n, "candidate") for n in check.body)
-    ):
-        keep.append(check)
-    keep.sort(key=lambda n: n.lineno)
-    return "\n".join(ast.get_source_segment(test_code, n) or ast.unparse(n) for n in keep)
-
-
-test_setup_code.__test__ = False  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------------------------
