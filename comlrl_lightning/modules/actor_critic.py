@@ -52,23 +52,18 @@ torch.serialization.add_safe_globals([IACConfig, MAACConfig])
 class ActorCriticModule(TeamModule):
     """IAC or MAAC, chosen by the type of ``args``.
 
-    Args:
-        agent_model: one hub id / local path / ``embedded:tiny`` for homogeneous agents.
-        agents: a list of ids, paths or model objects (overrides ``agent_model``).
-        tokenizer: one tokenizer or one per agent (required with model objects).
+    Args as :class:`~comlrl_lightning.modules.base.TeamModule`, and:
         critic_model: the critic source (id, path or model object; one object is shared by the IAC critics'
             backbones, each with its own head). Default: the agents' source when it is a string.
         critics: explicit critic sources, N for IAC, 1 for MAAC.
         critic_model_name: a critic id used when ``critic_model`` and ``critics`` are absent (MARLHF's option).
-        model_config: load kwargs (``dtype``, ``attn_implementation``, ``model_kwargs``,
-            ``critic_model_kwargs``, ``special_tokens``; MAAC: ``critic_value_head_hidden_dim``).
-        lora: peft LoraConfig kwargs for the actors (one frozen base, one adapter per agent).
+        model_config: also ``critic_model_kwargs`` (critic load kwargs) and, for MAAC,
+            ``critic_value_head_hidden_dim``.
         args: an :class:`~comlrl_lightning.config_ac.IACConfig` (default) or
             :class:`~comlrl_lightning.config_ac.MAACConfig`.
         metrics_callback: optional ``f(rollouts) -> dict`` logged unprefixed after every item.
-        optimizer: optimizer factory per actor (default AdamW with ``agent_learning_rate``); the critics
-            keep AdamW with ``critic_learning_rate``.
-        lr_scheduler: optional scheduler factory per actor optimizer (stepped after each actor step).
+        optimizer: the actors' optimizer factory; the critics keep AdamW with ``critic_learning_rate``.
+        lr_scheduler: steps after each actor step.
     """
 
     def __init__(

@@ -30,7 +30,18 @@ from comlrl_lightning.generation import SamplingSettings
 
 
 class TeamModule(L.LightningModule):
-    """Base of the team modules; subclasses set ``self.args`` then call :meth:`init_team` in ``__init__``."""
+    """Base of the team modules; subclasses set ``self.args`` then call :meth:`init_team` in ``__init__``.
+
+    The constructor arguments every team module takes:
+        agent_model: one hub id / local path / ``embedded:tiny`` for homogeneous agents.
+        agents: a list of ids, paths or model objects (overrides ``agent_model``).
+        tokenizer: one tokenizer or one per agent (required with model objects).
+        model_config: load kwargs (``dtype``, ``attn_implementation``, ``model_kwargs``, ``special_tokens``).
+        lora: peft LoraConfig kwargs; one frozen base shared by all agents, one adapter per agent.
+        args: the method's config dataclass (``num_agents``, ``agent_learning_rate``, sampling options, ...).
+        optimizer: optimizer factory per agent (default AdamW with ``args.agent_learning_rate``).
+        lr_scheduler: optional scheduler factory per agent optimizer.
+    """
 
     args: Any
 
