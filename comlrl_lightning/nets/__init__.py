@@ -3,11 +3,12 @@
 from comlrl_lightning.nets.critics import (
     ValueCritic,
     ValueHead,
+    build_critics,
     hidden_size_of,
     joint_critic_text,
     load_critic_backbones,
     resolve_critic_sources,
 )
 
-__all__ = ["ValueCritic", "ValueHead", "hidden_size_of", "joint_critic_text", "load_critic_backbones",
+__all__ = ["ValueCritic", "ValueHead", "build_critics", "hidden_size_of", "joint_critic_text", "load_critic_backbones",
            "resolve_critic_sources"]
