@@ -308,6 +308,20 @@ def td_targets(
     return (rewards + discount * bootstrap).detach()
 
 
+def reward_to_go(rewards: Tensor) -> Tensor:
+    """Undiscounted reward-to-go along the last dimension: ``G_t = Σ_{u ≥ t} r̃_u``.
+
+    The actor-critic modules log it as ``expected_return``; γ only enters the TD target.
+
+    Args:
+        rewards: ``[..., T]`` shaped rewards.
+
+    Returns:
+        ``[..., T]`` detached returns.
+    """
+    return torch.flip(torch.cumsum(torch.flip(rewards.detach(), [-1]), -1), [-1])
+
+
 def td_advantages(
     targets: Tensor, values: Tensor, normalize: bool = False, eps: float = ADVANTAGE_EPS
 ) -> Tensor:

@@ -16,15 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from comlrl_lightning.agents import AgentTeam, build_agents
 from comlrl_lightning.config import MADPOConfig, MADPOIterConfig, redact_secrets
-from comlrl_lightning.generation import SamplingSettings
 from comlrl_lightning.logprobs import sequence_logps
 from comlrl_lightning.losses import madpo_loss, madpo_loss_detached_others
+from comlrl_lightning.modules.base import TeamModule
 from comlrl_lightning.tiny import TINY_MODEL_NAME
 
 # ``args`` is saved with the hyper-parameters; allow our plain config dataclasses in weights_only loads
@@ -32,61 +30,26 @@ from comlrl_lightning.tiny import TINY_MODEL_NAME
 torch.serialization.add_safe_globals([MADPOConfig, MADPOIterConfig])
 
 
-class MADPOModule(L.LightningModule):
+class MADPOModule(TeamModule):
     """Multi-agent DPO (spec preference.md §7).
 
-    Args:
-        agent_model: one hub id / local path / ``embedded:tiny`` for homogeneous agents.
-        agents: a list of ids, paths or model objects (overrides ``agent_model``).
-        tokenizer: one tokenizer or one per agent (required with model objects).
-        model_config: load kwargs (``dtype``, ``attn_implementation``, ``model_kwargs``, ``special_tokens``).
-        lora: peft LoraConfig kwargs; one frozen base shared by all agents, one adapter per agent.
-        args: the :class:`~comlrl_lightning.config.MADPOConfig` (dpo_beta, agent_learning_rate, ...).
-        optimizer: optimizer factory per agent (default AdamW with ``agent_learning_rate``).
-        lr_scheduler: optional scheduler factory per agent (stepped after each optimizer step).
+    Args as :class:`~comlrl_lightning.modules.base.TeamModule`, with ``args`` a
+    :class:`~comlrl_lightning.config.MADPOConfig` (dpo_beta, agent_learning_rate, ...). The schedulers step
+    after each optimizer step.
     """
 
-    def __init__(
-        self,
-        agent_model: str | None = TINY_MODEL_NAME,
-        agents: Sequence[Any] | None = None,
-        tokenizer: Any = None,
-        model_config: dict | None = None,
-        lora: dict | None = None,
-        args: MADPOConfig | MADPOIterConfig | None = None,
-        optimizer: OptimizerCallable | None = None,
-        lr_scheduler: LRSchedulerCallable | None = None,
-    ):
+    def __init__(self, agent_model: str | None = TINY_MODEL_NAME, agents: Sequence[Any] | None = None,
+                 tokenizer: Any = None, model_config: dict | None = None, lora: dict | None = None,
+                 args: MADPOConfig | MADPOIterConfig | None = None, optimizer: OptimizerCallable | None = None,
+                 lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__()
-        self.automatic_optimization = False
         self.args = args if args is not None else MADPOConfig()
         self.save_hyperparameters(ignore=["agents", "tokenizer", "optimizer", "lr_scheduler"])
         # a literal API key never reaches a checkpoint or a logger's hparams file
         self.save_hyperparameters({**self.hparams, "args": redact_secrets(self.args)})
-        self.team: AgentTeam = build_agents(
-            agent_model=agent_model if agents is None else None, agents=agents, num_agents=self.args.num_agents,
-            tokenizer=tokenizer, model_config=model_config, lora=lora,
-        )
-        if self.team.num_agents != self.args.num_agents:
-            raise ValueError(
-                f"args.num_agents={self.args.num_agents} but {self.team.num_agents} agents were given."
-            )
-        self.models = torch.nn.ModuleList(self.team.unique_models())
-        self.optimizer_factory = optimizer
-        self.scheduler_factory = lr_scheduler
-        self.env_step = 0
-        self.updates_seen = 0
+        self.init_team(agent_model, agents, tokenizer, model_config, lora, optimizer, lr_scheduler)
         self.round_index = 0
         self._accum = 0
-
-    # --- small interface used by callbacks ---------------------------------------------------------------
-    def sampling_settings(self) -> SamplingSettings:
-        a = self.args
-        return SamplingSettings(a.max_new_tokens, a.temperature, a.top_p, a.top_k)
-
-    def on_fit_start(self) -> None:
-        for m in self.team.unique_models():
-            m.train()
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
         # A round without training pairs serves one placeholder batch (an empty dataloader would end fit).
@@ -95,23 +58,6 @@ class MADPOModule(L.LightningModule):
         return None
 
     # --- optimization ------------------------------------------------------------------------------------
-    def configure_optimizers(self):
-        optimizers, schedulers = [], []
-        for i in range(self.team.num_agents):
-            params = self.team.parameters_of(i)
-            if not params:
-                raise ValueError(f"Agent {i} has no trainable parameters.")
-            if self.optimizer_factory is not None:
-                opt = self.optimizer_factory(params)
-            else:
-                opt = torch.optim.AdamW(params, lr=self.args.agent_learning_rate)
-            optimizers.append(opt)
-            if self.scheduler_factory is not None:
-                schedulers.append(self.scheduler_factory(opt))
-        if schedulers:
-            return optimizers, schedulers
-        return optimizers
-
     def _agent_logps(self, batch: dict, i: int, grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         rows = {k: v.to(self.device) for k, v in batch["agents"][i].items()}
         with torch.set_grad_enabled(grad), self.team.activate(i) as model:
@@ -129,8 +75,7 @@ class MADPOModule(L.LightningModule):
             )
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        optimizers = self.optimizers()
-        optimizers = optimizers if isinstance(optimizers, list) else [optimizers]
+        optimizers = self.optimizer_list()
         n = self.team.num_agents
         accumulate = self.args.gradient_accumulation_steps
         beta = self.args.dpo_beta
@@ -153,8 +98,7 @@ class MADPOModule(L.LightningModule):
     def on_train_epoch_end(self) -> None:
         # gradients accumulated over the epoch's last (incomplete) group are applied, not carried over
         if self._accum > 0:
-            optimizers = self.optimizers()
-            self._step_all(optimizers if isinstance(optimizers, list) else [optimizers])
+            self._step_all(self.optimizer_list())
 
     def _step_all(self, optimizers: list) -> None:
         for opt in optimizers:
@@ -162,10 +106,8 @@ class MADPOModule(L.LightningModule):
                 self.clip_gradients(opt, gradient_clip_val=self.args.gradient_clip_val, gradient_clip_algorithm="norm")
             opt.step()
             opt.zero_grad(set_to_none=True)
-        schedulers = self.lr_schedulers()
-        if schedulers is not None:
-            for s in schedulers if isinstance(schedulers, list) else [schedulers]:
-                s.step()
+        for s in self.scheduler_list():
+            s.step()
         self._accum = 0
 
     def _sequential_step(self, batch: dict, optimizers: list, beta: float):
@@ -218,17 +160,9 @@ class MADPOModule(L.LightningModule):
             self.log("pairs", float(len(pairs)), prog_bar=True, batch_size=bsz, logger=False)
 
     # --- checkpoint ----------------------------------------------------------------------------------------
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["comlrl_progress"] = {
-            "env_step": self.env_step, "updates_seen": self.updates_seen, "round_index": self.round_index,
-        }
+    def progress_state(self) -> dict[str, Any]:
+        return {**super().progress_state(), "round_index": self.round_index}
 
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        progress = checkpoint.get("comlrl_progress", {})
-        self.env_step = int(progress.get("env_step", 0))
-        self.updates_seen = int(progress.get("updates_seen", 0))
-        self.round_index = int(progress.get("round_index", 0))
-
-    def save_agents(self, output_dir: str) -> list[str]:
-        """Write ``output_dir/agent_{i}/`` per agent (model + tokenizer, or the LoRA adapter)."""
-        return self.team.save(output_dir)
+    def load_progress_state(self, state: dict[str, Any]) -> None:
+        super().load_progress_state(state)
+        self.round_index = int(state.get("round_index", 0))

@@ -28,17 +28,16 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from comlrl_lightning.agents import AgentTeam, build_agents
 from comlrl_lightning.callbacks.logging_utils import log_metrics
 from comlrl_lightning.config_rl import MAGRPOConfig
 from comlrl_lightning.data.tasks import format_prompts
-from comlrl_lightning.generation import SamplingSettings, SamplingStream, sample_completions
+from comlrl_lightning.generation import SamplingStream, sample_completions
 from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss
+from comlrl_lightning.modules.base import TeamModule
 from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
 from comlrl_lightning.multiturn.tree import AgentDraw, NodeSample, build_tree, node_samples
 from comlrl_lightning.reference import ReferencePolicies, sequence_kl
@@ -54,18 +53,12 @@ def completion_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequen
     return build_scoring_batch(prompt_ids, rows, pad, drop_last=False)
 
 
-class MAGRPOModule(L.LightningModule):
+class MAGRPOModule(TeamModule):
     """MAGRPO / MAREINFORCE / MARLOO / MAReMax (``args.advantage_mode``) as one LightningModule.
 
-    Args:
-        agent_model: one hub id / local path / ``embedded:tiny`` for homogeneous agents.
-        agents: a list of ids, paths or model objects (overrides ``agent_model``).
-        tokenizer: one tokenizer or one per agent (required with model objects).
-        model_config: load kwargs (``dtype``, ``attn_implementation``, ``model_kwargs``, ``special_tokens``).
-        lora: peft LoraConfig kwargs; one frozen base shared by all agents, one adapter per agent.
-        args: the :class:`~comlrl_lightning.config_rl.MAGRPOConfig` (or a subclass config).
-        optimizer: optimizer factory per agent (default AdamW with ``agent_learning_rate``).
-        lr_scheduler: optional scheduler factory per agent (stepped after each optimizer step).
+    Args as :class:`~comlrl_lightning.modules.base.TeamModule`, with ``args`` a
+    :class:`~comlrl_lightning.config_rl.MAGRPOConfig` (or a subclass config); an agent's scheduler steps
+    after each of its optimizer steps.
 
     The task (items, formatters, reward, transition) comes from the datamodule
     (:class:`~comlrl_lightning.data.tasks_dm.TaskDataModule`).
@@ -73,50 +66,27 @@ class MAGRPOModule(L.LightningModule):
 
     algorithm_name = "MAGRPO"
 
-    def __init__(
-        self,
-        agent_model: str | None = TINY_MODEL_NAME,
-        agents: Sequence[Any] | None = None,
-        tokenizer: Any = None,
-        model_config: dict | None = None,
-        lora: dict | None = None,
-        args: MAGRPOConfig | None = None,
-        optimizer: OptimizerCallable | None = None,
-        lr_scheduler: LRSchedulerCallable | None = None,
-    ):
+    def __init__(self, agent_model: str | None = TINY_MODEL_NAME, agents: Sequence[Any] | None = None,
+                 tokenizer: Any = None, model_config: dict | None = None, lora: dict | None = None,
+                 args: MAGRPOConfig | None = None, optimizer: OptimizerCallable | None = None,
+                 lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__()
-        self.automatic_optimization = False
         self.args = args if args is not None else MAGRPOConfig()
         self.save_hyperparameters(ignore=["agents", "tokenizer", "optimizer", "lr_scheduler"])
-        self.team: AgentTeam = build_agents(
-            agent_model=agent_model if agents is None else None, agents=agents, num_agents=self.args.num_agents,
-            tokenizer=tokenizer, model_config=model_config, lora=lora,
-        )
-        if self.team.num_agents != self.args.num_agents:
-            raise ValueError(f"args.num_agents={self.args.num_agents} but {self.team.num_agents} agents were given.")
-        self.models = torch.nn.ModuleList(self.team.unique_models())
+        self.init_team(agent_model, agents, tokenizer, model_config, lora, optimizer, lr_scheduler)
         # Built from the initial weights, before any checkpoint is restored (references stay the initial policy).
         self.reference = (ReferencePolicies(self.team, self.args.reference_devices)
                           if self.args.reference_kl_enabled else None)
-        self.optimizer_factory = optimizer
-        self.scheduler_factory = lr_scheduler
         n = self.team.num_agents
         self.streams = [SamplingStream(self.args.seed * 1_000_003 + 7919 * i + 17) for i in range(n)]
         self.shuffle_rng = random.Random(self.args.seed)
         self.buffers: list[list[NodeSample]] = [[] for _ in range(n)]
-        self.env_step = 0
-        self.updates_seen = 0
         self.optimizer_steps = 0
         self._last_logged_step: int | None = None
         #: Reward oracle of *training* rollouts only; None = the datamodule's task oracle (``dm.oracle``).
         #: MARLHF sets a learned reward here (an object with ``score(prompts, completions, item, index) ->
         #: (processed, raw)``). Evaluation never reads it: it always scores with the task reward.
         self.train_oracle: Any = None
-
-    # --- small interface used by callbacks ---------------------------------------------------------------
-    def sampling_settings(self) -> SamplingSettings:
-        a = self.args
-        return SamplingSettings(a.max_new_tokens, a.temperature, a.top_p, a.top_k)
 
     def setup(self, stage: str) -> None:
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -127,23 +97,6 @@ class MAGRPOModule(L.LightningModule):
                 raise ValueError(f"{type(self).__name__} needs a datamodule with `{attr}` (use TaskDataModule); "
                                  f"got {type(dm).__name__}.")
         check_transition(self.args, getattr(dm, "external_transition", None), self.algorithm_name)
-
-    def on_fit_start(self) -> None:
-        for m in self.team.unique_models():
-            m.train()
-
-    def configure_optimizers(self):
-        optimizers, schedulers = [], []
-        for i in range(self.team.num_agents):
-            params = self.team.parameters_of(i)
-            if not params:
-                raise ValueError(f"Agent {i} has no trainable parameters.")
-            opt = (self.optimizer_factory(params) if self.optimizer_factory is not None
-                   else torch.optim.AdamW(params, lr=self.args.agent_learning_rate))
-            optimizers.append(opt)
-            if self.scheduler_factory is not None:
-                schedulers.append(self.scheduler_factory(opt))
-        return (optimizers, schedulers) if schedulers else optimizers
 
     # --- rollout -------------------------------------------------------------------------------------------
     def _sample(self, agent: int, prompt: str, prompt_used: str) -> AgentDraw:
@@ -298,10 +251,6 @@ class MAGRPOModule(L.LightningModule):
             self._log_group(agent, turn, group, group_losses)
         return losses
 
-    def _optimizer(self, agent: int):
-        opts = self.optimizers()
-        return opts[agent] if isinstance(opts, list) else opts
-
     def minibatch_loss(self, agent: int, minibatch: Sequence[NodeSample]) -> torch.Tensor:
         """Mean over the node samples of their policy-gradient loss; one forward for all their rows."""
         prompts = [s.prompt_ids for s in minibatch for _ in s.completion_ids]
@@ -323,7 +272,7 @@ class MAGRPOModule(L.LightningModule):
         return total / len(minibatch)
 
     def _update(self, agent: int, minibatch: Sequence[NodeSample]) -> float:
-        opt = self._optimizer(agent)
+        opt = self.optimizer_list()[agent]
         opt.zero_grad(set_to_none=True)
         loss = self.minibatch_loss(agent, minibatch)
         if not torch.isfinite(loss.detach()):
@@ -333,11 +282,7 @@ class MAGRPOModule(L.LightningModule):
                 "the rewards.")
         self.manual_backward(loss)
         opt.step()
-        schedulers = self.lr_schedulers()
-        if schedulers is not None:
-            sched = schedulers if isinstance(schedulers, list) else [schedulers]
-            if agent < len(sched):
-                sched[agent].step()
+        self.step_scheduler(agent)
         self.optimizer_steps += 1
         return float(loss.detach())
 
@@ -370,26 +315,18 @@ class MAGRPOModule(L.LightningModule):
             log_metrics(self.trainer, metrics)
 
     # --- checkpoint ----------------------------------------------------------------------------------------
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["comlrl_progress"] = {
-            "env_step": self.env_step, "updates_seen": self.updates_seen, "optimizer_steps": self.optimizer_steps,
-            "streams": [s.state_dict() for s in self.streams], "shuffle_rng": list(self.shuffle_rng.getstate()),
-        }
+    def progress_state(self) -> dict[str, Any]:
+        return {**super().progress_state(), "optimizer_steps": self.optimizer_steps,
+                "streams": [s.state_dict() for s in self.streams], "shuffle_rng": list(self.shuffle_rng.getstate())}
 
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        progress = checkpoint.get("comlrl_progress", {})
-        self.env_step = int(progress.get("env_step", 0))
-        self.updates_seen = int(progress.get("updates_seen", 0))
-        self.optimizer_steps = int(progress.get("optimizer_steps", 0))
-        for s, state in zip(self.streams, progress.get("streams", [])):
-            s.load_state_dict(state)
-        if "shuffle_rng" in progress:
-            version, internal, gauss = progress["shuffle_rng"]
+    def load_progress_state(self, state: dict[str, Any]) -> None:
+        super().load_progress_state(state)
+        self.optimizer_steps = int(state.get("optimizer_steps", 0))
+        for s, stream_state in zip(self.streams, state.get("streams", [])):
+            s.load_state_dict(stream_state)
+        if "shuffle_rng" in state:
+            version, internal, gauss = state["shuffle_rng"]
             self.shuffle_rng.setstate((version, tuple(internal), gauss))
-
-    def save_agents(self, output_dir: str) -> list[str]:
-        """Write ``output_dir/agent_{i}/`` per agent (model + tokenizer, or the LoRA adapter)."""
-        return self.team.save(output_dir)
 
 
 def check_transition(args: Any, transition: Any, algorithm: str = "MAGRPO") -> None:

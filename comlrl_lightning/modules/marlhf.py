@@ -58,9 +58,25 @@ def _check_reward_callback(module: Any) -> None:
 
 
 class _SkipWithoutLearnedReward:
-    """Mixin: skip RL steps while no learned reward exists (and say so once)."""
+    """Mixin of the RL-stage modules: names the algorithm, keeps the reward model's default source, requires a
+    reward-model callback, and skips RL steps while no learned reward exists (saying so once)."""
 
     train_oracle: Any
+
+    def _init_stage(self, args: MARLHFConfig, agent_model: Any, agents: Sequence[Any] | None,
+                    model_config: dict | None) -> None:
+        self.algorithm_name = f"MARLHF/{ALGORITHM_NAMES[args.rl_algorithm]}"
+        self.reward_source = default_reward_source(agent_model, agents)
+        self.model_config = model_config
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        _check_reward_callback(self)
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        if self._no_learned_reward():
+            return None
+        return super().training_step(batch, batch_idx)
 
     def _no_learned_reward(self) -> bool:
         if self.train_oracle is not None:
@@ -81,17 +97,10 @@ class MARLHFModule(_SkipWithoutLearnedReward, MAGRPOModule):
     source for its default backbone: ``reward_source`` is the agents' model name when it is a string.
     """
 
-    def __init__(
-        self,
-        agent_model: str | None = TINY_MODEL_NAME,
-        agents: Sequence[Any] | None = None,
-        tokenizer: Any = None,
-        model_config: dict | None = None,
-        lora: dict | None = None,
-        args: MARLHFConfig | MARLHFIterConfig | None = None,
-        optimizer: OptimizerCallable | None = None,
-        lr_scheduler: LRSchedulerCallable | None = None,
-    ):
+    def __init__(self, agent_model: str | None = TINY_MODEL_NAME, agents: Sequence[Any] | None = None,
+                 tokenizer: Any = None, model_config: dict | None = None, lora: dict | None = None,
+                 args: MARLHFConfig | MARLHFIterConfig | None = None, optimizer: OptimizerCallable | None = None,
+                 lr_scheduler: LRSchedulerCallable | None = None):
         args = args if args is not None else MARLHFConfig()
         if not isinstance(args, MARLHFConfig):
             raise TypeError(f"MARLHFModule needs a MARLHFConfig or MARLHFIterConfig; got {type(args).__name__}.")
@@ -102,18 +111,7 @@ class MARLHFModule(_SkipWithoutLearnedReward, MAGRPOModule):
             )
         super().__init__(agent_model=agent_model, agents=agents, tokenizer=tokenizer, model_config=model_config,
                          lora=lora, args=args, optimizer=optimizer, lr_scheduler=lr_scheduler)
-        self.algorithm_name = f"MARLHF/{ALGORITHM_NAMES[args.rl_algorithm]}"
-        self.reward_source = default_reward_source(agent_model, agents)
-        self.model_config = model_config
-
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        _check_reward_callback(self)
-
-    def training_step(self, batch: list[tuple[int, dict]], batch_idx: int) -> None:
-        if self._no_learned_reward():
-            return None
-        return super().training_step(batch, batch_idx)
+        self._init_stage(args, agent_model, agents, model_config)
 
 
 class _ArgsView:
@@ -145,18 +143,11 @@ class MARLHFActorCriticModule(_SkipWithoutLearnedReward, ActorCriticModule):
     ``use_separate_critic=False`` needs none).
     """
 
-    def __init__(
-        self,
-        agent_model: str | None = TINY_MODEL_NAME,
-        agents: Sequence[Any] | None = None,
-        tokenizer: Any = None,
-        critic_model: Any = None,
-        critics: Sequence[Any] | None = None,
-        model_config: dict | None = None,
-        lora: dict | None = None,
-        args: MARLHFConfig | MARLHFIterConfig | None = None,
-        metrics_callback: Callable | str | None = None,
-    ):
+    def __init__(self, agent_model: str | None = TINY_MODEL_NAME, agents: Sequence[Any] | None = None,
+                 tokenizer: Any = None, critic_model: Any = None, critics: Sequence[Any] | None = None,
+                 model_config: dict | None = None, lora: dict | None = None,
+                 args: MARLHFConfig | MARLHFIterConfig | None = None, metrics_callback: Callable | str | None = None,
+                 optimizer: OptimizerCallable | None = None, lr_scheduler: LRSchedulerCallable | None = None):
         args = args if args is not None else MARLHFConfig(rl_algorithm="iac", num_generations=1)
         if not isinstance(args, MARLHFConfig):
             raise TypeError(f"MARLHFActorCriticModule needs a MARLHFConfig; got {type(args).__name__}.")
@@ -175,21 +166,11 @@ class MARLHFActorCriticModule(_SkipWithoutLearnedReward, ActorCriticModule):
         backend = args.actor_critic_config()
         super().__init__(agent_model=agent_model, agents=agents, tokenizer=tokenizer, critic_model=critic_model,
                          critics=critics, critic_model_name=args.critic_model_name if needs_critic else None,
-                         model_config=model_config, lora=lora, args=backend, metrics_callback=metrics_callback)
+                         model_config=model_config, lora=lora, args=backend, metrics_callback=metrics_callback,
+                         optimizer=optimizer, lr_scheduler=lr_scheduler)
         self.marlhf_args = args
         self.args = _ArgsView(backend, args)
-        self.algorithm_name = f"MARLHF/{ALGORITHM_NAMES[args.rl_algorithm]}"
-        self.reward_source = default_reward_source(agent_model, agents)
-        self.model_config = model_config
-
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        _check_reward_callback(self)
-
-    def training_step(self, batch: Any, batch_idx: int) -> None:
-        if self._no_learned_reward():
-            return None
-        return super().training_step(batch, batch_idx)
+        self._init_stage(args, agent_model, agents, model_config)
 
 
 def build_marlhf_module(args: MARLHFConfig, **kwargs: Any):

@@ -1,0 +1,139 @@
+"""TeamModule: what every team-training LightningModule shares (MADPO, MAGRPO family, IAC/MAAC, MARLHF).
+
+* the team: :meth:`TeamModule.init_team` loads the agents (``self.team``, an
+  :class:`~comlrl_lightning.agents.AgentTeam`) and registers their distinct models in ``self.models``;
+* one optimizer per agent, from the injectable ``optimizer`` factory (a LightningCLI ``optimizer:`` entry
+  such as ``{class_path: torch.optim.SGD, init_args: {lr: 0.05}}``) or AdamW with ``args.agent_learning_rate``,
+  and optionally one ``lr_scheduler`` per agent optimizer; subclasses add parameters to an agent's optimizer
+  (:meth:`agent_parameters`) or extra optimizers after the agents' (:meth:`extra_optimizers`);
+* the sampling settings the collection and evaluation callbacks read (:meth:`sampling_settings`);
+* progress counters ``env_step`` and ``updates_seen``, saved in the checkpoint under ``comlrl_progress``
+  (plain types: checkpoints are loaded ``weights_only``); subclasses extend :meth:`progress_state`;
+* agent export (:meth:`save_agents`): ``output_dir/agent_{i}/`` per agent.
+
+Optimization is manual (``automatic_optimization = False``); ``trainer.global_step`` counts every
+optimizer step of every agent (and of every critic).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import nn
+
+from comlrl_lightning.agents import AgentTeam, build_agents
+from comlrl_lightning.generation import SamplingSettings
+
+
+class TeamModule(L.LightningModule):
+    """Base of the team modules; subclasses set ``self.args`` then call :meth:`init_team` in ``__init__``.
+
+    The constructor arguments every team module takes:
+        agent_model: one hub id / local path / ``embedded:tiny`` for homogeneous agents.
+        agents: a list of ids, paths or model objects (overrides ``agent_model``).
+        tokenizer: one tokenizer or one per agent (required with model objects).
+        model_config: load kwargs (``dtype``, ``attn_implementation``, ``model_kwargs``, ``special_tokens``).
+        lora: peft LoraConfig kwargs; one frozen base shared by all agents, one adapter per agent.
+        args: the method's config dataclass (``num_agents``, ``agent_learning_rate``, sampling options, ...).
+        optimizer: optimizer factory per agent (default AdamW with ``args.agent_learning_rate``).
+        lr_scheduler: optional scheduler factory per agent optimizer.
+    """
+
+    args: Any
+
+    def init_team(self, agent_model: str | None, agents: Sequence[Any] | None, tokenizer: Any,
+                  model_config: dict | None, lora: dict | None, optimizer: OptimizerCallable | None = None,
+                  lr_scheduler: LRSchedulerCallable | None = None) -> None:
+        """Load the agents, keep the optimizer/scheduler factories, zero the progress counters."""
+        self.automatic_optimization = False
+        self.team: AgentTeam = build_agents(
+            agent_model=agent_model if agents is None else None, agents=agents, num_agents=self.args.num_agents,
+            tokenizer=tokenizer, model_config=model_config, lora=lora,
+        )
+        n = self.team.num_agents
+        if n != self.args.num_agents:
+            raise ValueError(f"args.num_agents={self.args.num_agents} but {n} agents were given. Set num_agents={n}.")
+        self.models = nn.ModuleList(self.team.unique_models())
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = lr_scheduler
+        self.env_step = 0
+        self.updates_seen = 0
+
+    # --- small interface used by callbacks ---------------------------------------------------------------
+    def sampling_settings(self) -> SamplingSettings:
+        a = self.args
+        return SamplingSettings(a.max_new_tokens, a.temperature, a.top_p, a.top_k)
+
+    def trainable_modules(self) -> list[nn.Module]:
+        """Modules put in train mode at fit start (the agents' models; subclasses add critics)."""
+        return list(self.team.unique_models())
+
+    def on_fit_start(self) -> None:
+        for m in self.trainable_modules():
+            m.train()
+
+    # --- optimizers --------------------------------------------------------------------------------------
+    def agent_parameters(self, i: int) -> list[nn.Parameter]:
+        """What agent i's optimizer trains (its weights or LoRA adapter)."""
+        return list(self.team.parameters_of(i))
+
+    def extra_optimizers(self) -> list[torch.optim.Optimizer]:
+        """Optimizers after the agents' (e.g. critics); none by default."""
+        return []
+
+    def configure_optimizers(self):
+        """One optimizer per agent (``optimizer`` factory, else AdamW at ``agent_learning_rate``), then
+        :meth:`extra_optimizers`; with an ``lr_scheduler`` factory, one scheduler per agent optimizer."""
+        optimizers, schedulers = [], []
+        for i in range(self.team.num_agents):
+            params = self.agent_parameters(i)
+            if not params:
+                raise ValueError(f"Agent {i} has no trainable parameters.")
+            opt = (self.optimizer_factory(params) if self.optimizer_factory is not None
+                   else torch.optim.AdamW(params, lr=self.args.agent_learning_rate))
+            optimizers.append(opt)
+            if self.scheduler_factory is not None:
+                schedulers.append(self.scheduler_factory(opt))
+        optimizers += self.extra_optimizers()
+        return (optimizers, schedulers) if schedulers else optimizers
+
+    def optimizer_list(self) -> list:
+        """``self.optimizers()`` as a list (Lightning unwraps a single optimizer)."""
+        opts = self.optimizers()
+        return opts if isinstance(opts, list) else [opts]
+
+    def scheduler_list(self) -> list:
+        """``self.lr_schedulers()`` as a list (empty without an ``lr_scheduler`` factory)."""
+        schedulers = self.lr_schedulers()
+        if schedulers is None:
+            return []
+        return schedulers if isinstance(schedulers, list) else [schedulers]
+
+    def step_scheduler(self, agent: int) -> None:
+        """Step agent ``agent``'s scheduler, if there is one (after each of its optimizer steps)."""
+        schedulers = self.scheduler_list()
+        if agent < len(schedulers):
+            schedulers[agent].step()
+
+    # --- progress and export -----------------------------------------------------------------------------
+    def progress_state(self) -> dict[str, Any]:
+        """Counters saved in the checkpoint (plain types only)."""
+        return {"env_step": self.env_step, "updates_seen": self.updates_seen}
+
+    def load_progress_state(self, state: dict[str, Any]) -> None:
+        self.env_step = int(state.get("env_step", 0))
+        self.updates_seen = int(state.get("updates_seen", 0))
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["comlrl_progress"] = self.progress_state()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.load_progress_state(checkpoint.get("comlrl_progress", {}))
+
+    def save_agents(self, output_dir: str) -> list[str]:
+        """Write ``output_dir/agent_{i}/`` per agent (model + tokenizer, or the LoRA adapter)."""
+        return self.team.save(output_dir)
