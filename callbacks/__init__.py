@@ -1,5 +1,12 @@
 """Lightning callbacks of comlrl-lightning, importable as ``comlrl_lightning.callbacks``."""
 
+# The folder is reachable from the repository root as a top-level ``callbacks`` package too; importing it under
+# that name would give every class a second module object (isinstance across them fails). One name only.
+if __name__ != "comlrl_lightning.callbacks":
+    raise ImportError(f"The callbacks package is comlrl_lightning.callbacks; it was imported as {__name__!r}. "
+                      "Import comlrl_lightning.callbacks (e.g. `from comlrl_lightning.callbacks import "
+                      "ExportAgents`) instead.")
+
 from comlrl_lightning.callbacks.comparator_refresh import ComparatorRefresh
 from comlrl_lightning.callbacks.evaluation import TaskRewardEvaluation
 from comlrl_lightning.callbacks.export import ExportAgents

@@ -1,0 +1,72 @@
+"""comlrl-lightning: PyTorch Lightning modules, data modules, callbacks and CoMLRL-style trainers for teams
+of cooperating LLM agents.
+
+The public names below are importable from the package root (``from comlrl_lightning import MADPOTrainer``).
+They load on first use (PEP 562), so ``import comlrl_lightning`` alone stays cheap: no lightning, torch or
+transformers until a name that needs them is touched.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> the module that defines it
+_LAZY: dict[str, str] = {
+    # facades
+    "MADPOTrainer": "comlrl_lightning.trainers.preference",
+    "MADPOIterTrainer": "comlrl_lightning.trainers.iterative",
+    "MAGRPOTrainer": "comlrl_lightning.trainers.reinforce",
+    "MAREINFORCETrainer": "comlrl_lightning.trainers.reinforce",
+    "MARLOOTrainer": "comlrl_lightning.trainers.reinforce",
+    "MAReMaxTrainer": "comlrl_lightning.trainers.reinforce",
+    "IACTrainer": "comlrl_lightning.trainers.actor_critic",
+    "MAACTrainer": "comlrl_lightning.trainers.actor_critic",
+    "MARLHFTrainer": "comlrl_lightning.trainers.marlhf",
+    "MARLHFIterTrainer": "comlrl_lightning.trainers.marlhf",
+    # configs
+    "MADPOConfig": "comlrl_lightning.config",
+    "MADPOIterConfig": "comlrl_lightning.config",
+    "MARLHFConfig": "comlrl_lightning.config_marlhf",
+    "MARLHFIterConfig": "comlrl_lightning.config_marlhf",
+    "MAGRPOConfig": "comlrl_lightning.config_rl",
+    "MAREINFORCEConfig": "comlrl_lightning.config_rl",
+    "MARLOOConfig": "comlrl_lightning.config_rl",
+    "MAReMaxConfig": "comlrl_lightning.config_rl",
+    "IACConfig": "comlrl_lightning.config_ac",
+    "MAACConfig": "comlrl_lightning.config_ac",
+    # LightningModules
+    "MADPOModule": "comlrl_lightning.modules.madpo",
+    "MAGRPOModule": "comlrl_lightning.modules.magrpo",
+    "ActorCriticModule": "comlrl_lightning.modules.actor_critic",
+    "IACModule": "comlrl_lightning.modules.actor_critic",
+    "MAACModule": "comlrl_lightning.modules.actor_critic",
+    "MARLHFModule": "comlrl_lightning.modules.marlhf",
+    "MARLHFActorCriticModule": "comlrl_lightning.modules.marlhf",
+    "JointRewardModel": "comlrl_lightning.modules.reward_model",
+    # LightningDataModules
+    "PreferenceDataModule": "comlrl_lightning.data.preference",
+    "IterativePreferenceDataModule": "comlrl_lightning.data.iterative",
+    "MARLHFIterDataModule": "comlrl_lightning.data.marlhf",
+    "TaskDataModule": "comlrl_lightning.data.tasks_dm",
+    "RewardPairDataModule": "comlrl_lightning.data.reward_pairs",
+    # the embedded offline default model
+    "build_tiny_model": "comlrl_lightning.tiny",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'comlrl_lightning' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

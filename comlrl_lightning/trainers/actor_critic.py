@@ -17,12 +17,15 @@ from comlrl_lightning.callbacks import TaskRewardEvaluation
 from comlrl_lightning.config_ac import IACConfig, MAACConfig
 from comlrl_lightning.data.tasks_dm import TaskDataModule
 from comlrl_lightning.modules.actor_critic import ActorCriticModule
-from comlrl_lightning.trainers.common import check_facade_inputs, trainer_kwargs_for
+from comlrl_lightning.trainers.base import TeamTrainer
 
 
-class _ActorCriticTrainer:
-    _config_cls: type = IACConfig
-    _method = "AC"
+class _ActorCriticTrainer(TeamTrainer):
+    config_cls: type = IACConfig
+    algorithm_name = "AC"
+    # CoMLRL's IAC/MAAC take no num_agents: N is always args.num_agents, and an agents list of another length
+    # is an error (raised by the module), not a new team size.
+    num_agents_from_agents = False
 
     def __init__(
         self,
@@ -46,17 +49,13 @@ class _ActorCriticTrainer:
         callbacks: Sequence[L.Callback] = (),
         trainer_kwargs: dict | None = None,
     ):
-        self.args = args if args is not None else self._config_cls()
-        if not isinstance(self.args, self._config_cls):
-            raise TypeError(f"{type(self).__name__} needs args of type {self._config_cls.__name__}; got "
-                            f"{type(self.args).__name__}.")
+        self._init_args(args, agent_model, agents, reward_func, train_dataset)
         n = self.args.num_agents
         if agents is None and isinstance(agent_model, nn.Module) and n > 1:
-            raise ValueError(f"{self._method} with num_agents={n} requires `agent_model` to be a pretrained "
+            raise ValueError(f"{self.algorithm_name} with num_agents={n} requires `agent_model` to be a pretrained "
                              "identifier string (loaded once per agent); pass model objects through `agents`.")
-        check_facade_inputs(agent_model, agents, reward_func, train_dataset)
         if self.args.num_turns > 1 and external_transition is None:
-            raise ValueError(f"Multi-turn {self._method} requires an external_transition (num_turns="
+            raise ValueError(f"Multi-turn {self.algorithm_name} requires an external_transition (num_turns="
                              f"{self.args.num_turns}); pass external_transition=..., or set num_turns=1.")
         if agents is not None and isinstance(agent_model, nn.Module):
             agent_model = None
@@ -71,27 +70,8 @@ class _ActorCriticTrainer:
             num_agents=n, seed=self.args.seed,
         )
         self.evaluation = TaskRewardEvaluation()
-        kwargs = trainer_kwargs_for(self.args.num_train_epochs, self.args, self._method, wandb_config,
-                                    trainer_kwargs)
         extra = [self.evaluation] if self.datamodule.eval_items else []
-        self.trainer = L.Trainer(callbacks=[*extra, *callbacks], **kwargs)
-
-    @property
-    def team(self):
-        return self.module.team
-
-    @property
-    def env_step(self) -> int:
-        return self.module.env_step
-
-    def train(self, ckpt_path: str | None = None) -> dict:
-        """Roll out and train; returns the final callback metrics as floats."""
-        self.trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt_path)
-        return {k: float(v) for k, v in self.trainer.callback_metrics.items()}
-
-    def save_model(self, output_dir: str) -> list[str]:
-        """``output_dir/agent_{i}/`` (+ critic / value head) per agent; MAAC also ``output_dir/critic/``."""
-        return self.module.save_agents(output_dir)
+        self._init_trainer(self.args.num_train_epochs, [*extra, *callbacks], wandb_config, trainer_kwargs)
 
 
 class IACTrainer(_ActorCriticTrainer):
@@ -105,8 +85,8 @@ class IACTrainer(_ActorCriticTrainer):
     string.
     """
 
-    _config_cls = IACConfig
-    _method = "IAC"
+    config_cls = IACConfig
+    algorithm_name = "IAC"
 
 
 class MAACTrainer(_ActorCriticTrainer):
@@ -116,5 +96,5 @@ class MAACTrainer(_ActorCriticTrainer):
     exactly one critic (``critic_model``, ``critics=[one]``, or the agents' string source).
     """
 
-    _config_cls = MAACConfig
-    _method = "MAAC"
+    config_cls = MAACConfig
+    algorithm_name = "MAAC"

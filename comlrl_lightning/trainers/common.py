@@ -16,11 +16,21 @@ def check_facade_inputs(agent_model: Any, agents: Any, reward_func: Any, train_d
 
 
 def sync_num_agents(args: Any, agents: Any, num_agents: int | None) -> None:
-    """``args.num_agents`` follows ``len(agents)``; an explicit ``num_agents`` must agree with ``args``."""
-    if agents is not None and num_agents is None:
-        args.num_agents = len(agents)
-    elif num_agents is not None and num_agents != args.num_agents:
-        raise ValueError(f"num_agents ({num_agents}) must match args.num_agents ({args.num_agents}).")
+    """The one team-size rule of the facades that take ``num_agents``: ``args.num_agents`` is N, derived once.
+
+    ``agents`` alone sets ``args.num_agents = len(agents)``; an explicit ``num_agents`` must equal
+    ``args.num_agents`` (and ``len(agents)`` when both are given). Upstream MAGRPO instead let the constructor
+    argument silently override ``args.num_agents``; here every facade rejects the disagreement.
+    """
+    if num_agents is None:
+        if agents is not None:
+            args.num_agents = len(agents)
+        return
+    if num_agents != args.num_agents:
+        raise ValueError(f"num_agents ({num_agents}) must match args.num_agents ({args.num_agents}); set "
+                         f"args.num_agents={num_agents}, or leave num_agents unset.")
+    if agents is not None and len(agents) != num_agents:
+        raise ValueError(f"agents length ({len(agents)}) must match num_agents ({num_agents}).")
 
 
 def trainer_kwargs_for(max_epochs: int, args: Any, algorithm: str, wandb_config: dict | None,

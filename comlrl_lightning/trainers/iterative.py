@@ -26,7 +26,7 @@ from comlrl_lightning.config import MADPOIterConfig
 from comlrl_lightning.data.iterative import IterativePreferenceDataModule
 from comlrl_lightning.distributions import resolve_reward_range
 from comlrl_lightning.modules.madpo import MADPOModule
-from comlrl_lightning.trainers.common import check_facade_inputs, sync_num_agents, trainer_kwargs_for
+from comlrl_lightning.trainers.base import TeamTrainer
 
 
 def round_callbacks(args: MADPOIterConfig, comparator: Any = None) -> list[L.Callback]:
@@ -40,7 +40,7 @@ def round_callbacks(args: MADPOIterConfig, comparator: Any = None) -> list[L.Cal
     return cbs
 
 
-class MADPOIterTrainer:
+class MADPOIterTrainer(TeamTrainer):
     """Iterative MADPO (spec §10): ``num_iterations`` rounds, each collecting pairs against a comparator.
 
     Args mirror :class:`~comlrl_lightning.trainers.preference.MADPOTrainer`; ``args`` is a
@@ -49,6 +49,9 @@ class MADPOIterTrainer:
     ``centralized_comparator_adapter`` (an object with ``build_prompt`` and ``parse_completion``) replaces the
     tagged format of ``comparator_generation_mode='centralized'``.
     """
+
+    config_cls = MADPOIterConfig
+    algorithm_name = "MADPOIter"
 
     def __init__(
         self,
@@ -71,13 +74,9 @@ class MADPOIterTrainer:
         trainer_kwargs: dict | None = None,
         wandb_config: dict | None = None,
     ):
-        check_facade_inputs(agent_model, agents, reward_func, train_dataset)
-        self.args = args if args is not None else MADPOIterConfig()
-        if not isinstance(self.args, MADPOIterConfig):
-            raise TypeError(f"MADPOIterTrainer needs a MADPOIterConfig; got {type(self.args).__name__}.")
+        self._init_args(args, agent_model, agents, reward_func, train_dataset, num_agents)
         if self.args.log_reward_distribution:
             resolve_reward_range(reward_func)  # checked at construction, as upstream
-        sync_num_agents(self.args, agents, num_agents)
         self.module = MADPOModule(agent_model=agent_model, agents=agents, tokenizer=tokenizer,
                                   model_config=model_config, lora=lora, args=self.args)
         self.datamodule = IterativePreferenceDataModule(
@@ -90,24 +89,10 @@ class MADPOIterTrainer:
         self.module.comparator = self.comparator
         self.round_callbacks = round_callbacks(self.args, self.comparator)
         extra = [TaskRewardEvaluation()] if evaluation else []
-        kwargs = trainer_kwargs_for(self.args.num_iterations * self.args.num_train_epochs, self.args, "MADPOIter",
-                                    wandb_config, trainer_kwargs)
-        kwargs["reload_dataloaders_every_n_epochs"] = 1
-        self.trainer = L.Trainer(callbacks=[*self.round_callbacks, *extra, *callbacks], **kwargs)
-
-    @property
-    def team(self):
-        return self.module.team
+        self._init_trainer(self.args.num_iterations * self.args.num_train_epochs,
+                           [*self.round_callbacks, *extra, *callbacks], wandb_config, trainer_kwargs,
+                           reload_dataloaders_every_n_epochs=1)
 
     @property
     def collection(self) -> IterativePreferenceCollection:
         return next(cb for cb in self.round_callbacks if isinstance(cb, IterativePreferenceCollection))
-
-    def train(self, ckpt_path: str | None = None, **fit_kwargs: Any) -> dict:
-        """Run the rounds (resuming from ``ckpt_path`` if given); returns the final callback metrics."""
-        self.trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt_path, **fit_kwargs)
-        return {k: float(v) for k, v in self.trainer.callback_metrics.items()}
-
-    def save_model(self, output_dir: str) -> list[str]:
-        """Write ``output_dir/agent_{i}/`` for each agent (model + tokenizer, or the LoRA adapter)."""
-        return self.module.save_agents(output_dir)

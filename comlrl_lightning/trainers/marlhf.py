@@ -35,12 +35,10 @@ from comlrl_lightning.callbacks import (
 )
 from comlrl_lightning.config_marlhf import MARLHFConfig, MARLHFIterConfig
 from comlrl_lightning.modules.marlhf import build_marlhf_module, default_reward_source
-from comlrl_lightning.trainers.common import check_facade_inputs, sync_num_agents, trainer_kwargs_for
+from comlrl_lightning.trainers.base import TeamTrainer
 
 
-def _check_common(agent_model: Any, agents: Any, reward_func: Any, train_dataset: Any, args: MARLHFConfig,
-                  reward_model: Any) -> None:
-    check_facade_inputs(agent_model, agents, reward_func, train_dataset)
+def _check_reward_source(agent_model: Any, agents: Any, args: MARLHFConfig, reward_model: Any) -> None:
     if reward_model is None and args.reward_model_name is None and default_reward_source(agent_model, agents) is None:
         raise ValueError(
             "reward_model_name must be provided when agent models are objects: the reward backbone is loaded from "
@@ -50,30 +48,7 @@ def _check_common(agent_model: Any, agents: Any, reward_func: Any, train_dataset
         )
 
 
-class _MARLHFFacade:
-    module: L.LightningModule
-    datamodule: L.LightningDataModule
-    trainer: L.Trainer
-
-    @property
-    def team(self):
-        return self.module.team
-
-    @property
-    def env_step(self) -> int:
-        return self.module.env_step
-
-    def train(self, ckpt_path: str | None = None) -> dict:
-        """Run; returns the final callback metrics as floats."""
-        self.trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt_path)
-        return {k: float(v) for k, v in self.trainer.callback_metrics.items()}
-
-    def save_model(self, output_dir: str) -> list[str]:
-        """Write ``output_dir/agent_{i}/`` for each agent (model + tokenizer, or the LoRA adapter)."""
-        return self.module.save_agents(output_dir)
-
-
-class MARLHFTrainer(_MARLHFFacade):
+class MARLHFTrainer(TeamTrainer):
     """Offline MARLHF: pairs (task reward) → JointRewardModel → RL with the learned reward (spec §10).
 
     Args mirror CoMLRL's (spec §2.7): ``agent_model`` or ``agents``, ``num_agents``, ``tokenizer``,
@@ -86,6 +61,7 @@ class MARLHFTrainer(_MARLHFFacade):
     """
 
     config_cls: type[MARLHFConfig] = MARLHFConfig
+    algorithm_name = "MARLHF"
 
     def __init__(
         self,
@@ -112,12 +88,8 @@ class MARLHFTrainer(_MARLHFFacade):
         trainer_kwargs: dict | None = None,
         wandb_config: dict | None = None,
     ):
-        self.args = args if args is not None else self.config_cls()
-        if not isinstance(self.args, self.config_cls):
-            raise TypeError(
-                f"{type(self).__name__} needs a {self.config_cls.__name__}; got {type(self.args).__name__}.")
-        _check_common(agent_model, agents, reward_func, train_dataset, self.args, reward_model)
-        sync_num_agents(self.args, agents, num_agents)
+        self._init_args(args, agent_model, agents, reward_func, train_dataset, num_agents)
+        _check_reward_source(agent_model, agents, self.args, reward_model)
         ac = {"critic_model": critic_model, "critics": critics, "metrics_callback": metrics_callback}
         self.module = build_marlhf_module(
             self.args, agent_model=agent_model if agents is None else None, agents=agents, tokenizer=tokenizer,
@@ -125,11 +97,9 @@ class MARLHFTrainer(_MARLHFFacade):
         self.datamodule = self._datamodule(train_dataset, eval_dataset, reward_func, reward_processor, formatters)
         self.round_callbacks = self._round_callbacks(reward_model, reward_val_fraction)
         self.evaluation = TaskRewardEvaluation() if evaluation else None
-        kwargs = trainer_kwargs_for(self._max_epochs(), self.args, type(self).__name__.replace("Trainer", ""),
-                                    wandb_config, trainer_kwargs)
-        self._fix_trainer_kwargs(kwargs)
         extra = [self.evaluation] if self.evaluation is not None and self.datamodule.eval_items else []
-        self.trainer = L.Trainer(callbacks=[*self.round_callbacks, *extra, *callbacks], **kwargs)
+        self._init_trainer(self._max_epochs(), [*self.round_callbacks, *extra, *callbacks], wandb_config,
+                           trainer_kwargs, **self._forced_trainer_kwargs())
 
     # --- the parts that differ between MARLHF and MARLHFIter ---------------------------------------------
     def _datamodule(self, train_dataset, eval_dataset, reward_func, reward_processor, formatters):
@@ -146,8 +116,8 @@ class MARLHFTrainer(_MARLHFFacade):
     def _max_epochs(self) -> int:
         return self.args.num_train_epochs
 
-    def _fix_trainer_kwargs(self, kwargs: dict) -> None:
-        pass
+    def _forced_trainer_kwargs(self) -> dict[str, Any]:
+        return {}
 
     @property
     def reward_model(self):
@@ -166,6 +136,7 @@ class MARLHFIterTrainer(MARLHFTrainer):
     """
 
     config_cls = MARLHFIterConfig
+    algorithm_name = "MARLHFIter"
 
     def __init__(self, *args: Any, comparator: Any = None, centralized_comparator_adapter: Any = None,
                  **kwargs: Any):
@@ -197,5 +168,5 @@ class MARLHFIterTrainer(MARLHFTrainer):
     def _max_epochs(self) -> int:
         return self.args.num_iterations * self.args.num_train_epochs
 
-    def _fix_trainer_kwargs(self, kwargs: dict) -> None:
-        kwargs["reload_dataloaders_every_n_epochs"] = 1
+    def _forced_trainer_kwargs(self) -> dict[str, Any]:
+        return {"reload_dataloaders_every_n_epochs": 1}

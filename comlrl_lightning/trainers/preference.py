@@ -15,10 +15,10 @@ from comlrl_lightning.callbacks import PreferenceCollection, TaskRewardEvaluatio
 from comlrl_lightning.config import MADPOConfig
 from comlrl_lightning.data.preference import PreferenceDataModule
 from comlrl_lightning.modules.madpo import MADPOModule
-from comlrl_lightning.trainers.common import check_facade_inputs, sync_num_agents, trainer_kwargs_for
+from comlrl_lightning.trainers.base import TeamTrainer
 
 
-class MADPOTrainer:
+class MADPOTrainer(TeamTrainer):
     """Offline MADPO: collect pairs once with the task reward, then ``num_train_epochs`` DPO epochs.
 
     Args mirror CoMLRL's (spec §2.7): ``agent_model`` or ``agents``, ``tokenizer``, ``train_dataset``,
@@ -26,6 +26,9 @@ class MADPOTrainer:
     ``lora``, extra ``callbacks``, ``trainer_kwargs`` for ``lightning.Trainer`` and CoMLRL's ``wandb_config``
     (a ``WandbLogger`` unless ``trainer_kwargs`` sets a logger).
     """
+
+    config_cls = MADPOConfig
+    algorithm_name = "MADPO"
 
     def __init__(
         self,
@@ -45,9 +48,7 @@ class MADPOTrainer:
         trainer_kwargs: dict | None = None,
         wandb_config: dict | None = None,
     ):
-        check_facade_inputs(agent_model, agents, reward_func, train_dataset)
-        self.args = args if args is not None else MADPOConfig()
-        sync_num_agents(self.args, agents, num_agents)
+        self._init_args(args, agent_model, agents, reward_func, train_dataset, num_agents)
         self.module = MADPOModule(agent_model=agent_model, agents=agents, tokenizer=tokenizer,
                                   model_config=model_config, lora=lora, args=self.args)
         self.datamodule = PreferenceDataModule(
@@ -57,18 +58,5 @@ class MADPOTrainer:
         )
         self.collection = PreferenceCollection()
         self.evaluation = TaskRewardEvaluation()
-        kwargs = trainer_kwargs_for(self.args.num_train_epochs, self.args, "MADPO", wandb_config, trainer_kwargs)
-        self.trainer = L.Trainer(callbacks=[self.collection, self.evaluation, *callbacks], **kwargs)
-
-    @property
-    def team(self):
-        return self.module.team
-
-    def train(self, ckpt_path: str | None = None) -> dict:
-        """Collect pairs and train; returns the final callback metrics as floats."""
-        self.trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt_path)
-        return {k: float(v) for k, v in self.trainer.callback_metrics.items()}
-
-    def save_model(self, output_dir: str) -> list[str]:
-        """Write ``output_dir/agent_{i}/`` for each agent (model + tokenizer, or the LoRA adapter)."""
-        return self.module.save_agents(output_dir)
+        self._init_trainer(self.args.num_train_epochs, [self.collection, self.evaluation, *callbacks], wandb_config,
+                           trainer_kwargs)

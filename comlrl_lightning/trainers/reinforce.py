@@ -16,10 +16,10 @@ from comlrl_lightning.callbacks import TaskRewardEvaluation
 from comlrl_lightning.config_rl import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
 from comlrl_lightning.data.tasks_dm import TaskDataModule
 from comlrl_lightning.modules.magrpo import MAGRPOModule, check_transition
-from comlrl_lightning.trainers.common import check_facade_inputs, trainer_kwargs_for
+from comlrl_lightning.trainers.base import TeamTrainer
 
 
-class MAGRPOTrainer:
+class MAGRPOTrainer(TeamTrainer):
     """Multi-agent GRPO over (multi-turn) rollout trees.
 
     Args mirror CoMLRL's (spec §8.1): ``agent_model`` or ``agents``, ``num_agents``, ``tokenizer``,
@@ -27,9 +27,13 @@ class MAGRPOTrainer:
     ``formatters``, ``external_transition``, ``args``; plus ``lora``, extra ``callbacks`` and
     ``trainer_kwargs`` for ``lightning.Trainer``. ``wandb_config`` (a dict with ``project``, ``entity``,
     ``name``/``run_name``, ``dir``, ``tags``) adds a ``WandbLogger`` unless ``trainer_kwargs`` sets a logger.
+
+    The team size is ``args.num_agents`` (``len(agents)`` when only ``agents`` is given); an explicit
+    ``num_agents`` must agree with it, as in every facade (upstream MAGRPO let it override the config).
     """
 
     config_cls: type[MAGRPOConfig] = MAGRPOConfig
+    args_cls = MAGRPOConfig  # any advantage_mode may be set through args, as upstream
     algorithm_name = "MAGRPO"
 
     def __init__(
@@ -51,12 +55,7 @@ class MAGRPOTrainer:
         callbacks: Sequence[L.Callback] = (),
         trainer_kwargs: dict | None = None,
     ):
-        check_facade_inputs(agent_model, agents, reward_func, train_dataset)
-        self.args = args if args is not None else self.config_cls()
-        if agents is not None and num_agents is None:
-            self.args.num_agents = len(agents)
-        elif num_agents is not None:
-            self.args.num_agents = num_agents
+        self._init_args(args, agent_model, agents, reward_func, train_dataset, num_agents)
         check_transition(self.args, external_transition, self.algorithm_name)
         self.module = MAGRPOModule(agent_model=agent_model, agents=agents, tokenizer=tokenizer,
                                    model_config=model_config, lora=lora, args=self.args)
@@ -67,22 +66,7 @@ class MAGRPOTrainer:
             num_agents=self.args.num_agents, seed=self.args.seed,
         )
         self.evaluation = TaskRewardEvaluation()
-        kwargs = trainer_kwargs_for(self.args.num_train_epochs, self.args, self.algorithm_name, wandb_config,
-                                    trainer_kwargs)
-        self.trainer = L.Trainer(callbacks=[self.evaluation, *callbacks], **kwargs)
-
-    @property
-    def team(self):
-        return self.module.team
-
-    def train(self, ckpt_path: str | None = None) -> dict:
-        """Train; returns the final callback metrics as floats."""
-        self.trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt_path)
-        return {k: float(v) for k, v in self.trainer.callback_metrics.items()}
-
-    def save_model(self, output_dir: str) -> list[str]:
-        """Write ``output_dir/agent_{i}/`` for each agent (model + tokenizer, or the LoRA adapter)."""
-        return self.module.save_agents(output_dir)
+        self._init_trainer(self.args.num_train_epochs, [self.evaluation, *callbacks], wandb_config, trainer_kwargs)
 
 
 class MAREINFORCETrainer(MAGRPOTrainer):

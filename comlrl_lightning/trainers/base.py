@@ -1,0 +1,74 @@
+"""TeamTrainer: the part every facade shares (args, input checks, the ``lightning.Trainer``, train, save).
+
+A facade keeps CoMLRL's constructor signature and only says what differs: its config class, its module,
+data module and callbacks, and the number of epochs. Its ``__init__`` calls :meth:`TeamTrainer._init_args`
+first and :meth:`TeamTrainer._init_trainer` last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import lightning as L
+
+from comlrl_lightning.trainers.common import check_facade_inputs, sync_num_agents, trainer_kwargs_for
+
+
+class TeamTrainer:
+    """Base of ``MADPOTrainer`` & co.: ``args``, ``module``, ``datamodule``, ``trainer``; ``train``, ``save_model``.
+
+    Class attributes: ``config_cls`` (the default ``args``), ``args_cls`` (the type ``args`` must have; default
+    ``config_cls``), ``algorithm_name`` (the W&B run's ``algorithm``) and ``num_agents_from_agents`` (whether
+    ``agents`` alone sets ``args.num_agents``, see :func:`~comlrl_lightning.trainers.common.sync_num_agents`).
+    """
+
+    config_cls: ClassVar[type]
+    args_cls: ClassVar[type | None] = None
+    algorithm_name: ClassVar[str]
+    num_agents_from_agents: ClassVar[bool] = True
+
+    args: Any
+    module: L.LightningModule
+    datamodule: L.LightningDataModule
+    trainer: L.Trainer
+
+    def _init_args(self, args: Any, agent_model: Any, agents: Any, reward_func: Any, train_dataset: Any,
+                   num_agents: int | None = None) -> None:
+        """Set ``self.args`` (default ``config_cls()``), check its type and the inputs, settle ``num_agents``."""
+        self.args = args if args is not None else self.config_cls()
+        accepted = self.args_cls or self.config_cls
+        if not isinstance(self.args, accepted):
+            raise TypeError(f"{type(self).__name__} needs args of type {accepted.__name__}; got "
+                            f"{type(self.args).__name__}.")
+        check_facade_inputs(agent_model, agents, reward_func, train_dataset)
+        if self.num_agents_from_agents:
+            sync_num_agents(self.args, agents, num_agents)
+
+    def _init_trainer(self, max_epochs: int, callbacks: Iterable[L.Callback], wandb_config: dict | None,
+                      trainer_kwargs: dict | None, **forced: Any) -> None:
+        """``self.trainer`` with the facades' defaults, the user's ``trainer_kwargs``, then ``forced`` (settings
+        the facade cannot run without, e.g. ``reload_dataloaders_every_n_epochs=1`` for rounds)."""
+        kwargs = trainer_kwargs_for(max_epochs, self.args, self.algorithm_name, wandb_config, trainer_kwargs)
+        kwargs.update(forced)
+        self.trainer = L.Trainer(callbacks=list(callbacks), **kwargs)
+
+    @property
+    def team(self):
+        """The module's :class:`~comlrl_lightning.agents.AgentTeam`."""
+        return self.module.team
+
+    @property
+    def env_step(self) -> int:
+        """The module's environment steps (samples per agent) so far."""
+        return self.module.env_step
+
+    def train(self, ckpt_path: str | None = None, **fit_kwargs: Any) -> dict[str, float]:
+        """Fit (resuming from ``ckpt_path`` if given); returns the final callback metrics as floats."""
+        self.trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt_path, **fit_kwargs)
+        return {k: float(v) for k, v in self.trainer.callback_metrics.items()}
+
+    def save_model(self, output_dir: str) -> list[str]:
+        """Write ``output_dir/agent_{i}/`` for each agent (model + tokenizer, or the LoRA adapter; actor-critic
+        adds its critics); returns the paths written."""
+        return self.module.save_agents(output_dir)
