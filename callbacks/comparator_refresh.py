@@ -3,8 +3,9 @@
 ``prepare(round_index)`` runs at every round boundary (``on_fit_start`` for round 0, ``on_train_epoch_end``
 of round t's last epoch for round t+1), before IterativePreferenceCollection samples; ``release()`` runs
 in the next ``on_train_epoch_start``, once the round's pairs exist. This is what rebuilds the
-``current_copy`` copy per round and loads the right ``history`` snapshot. The comparator is the
-``comparator`` argument, else ``pl_module.comparator``, else one built from ``pl_module.args``.
+``current_copy`` copy per round and loads the right ``history`` snapshot. The comparator is the round
+data's (``datamodule.comparator_for``): the one configured under ``data:``, the ``comparator`` argument
+given here (handed to the data module), or the source built from the module's ``args``.
 """
 
 from __future__ import annotations
@@ -13,12 +14,17 @@ from typing import Any
 
 import lightning as L
 
-from comlrl_lightning.callbacks.iterative_collection import resolve_comparator
-from comlrl_lightning.callbacks.rounds import check_round_setup, next_round_at_epoch_end
+from comlrl_lightning.protocols import RoundData, check_protocol
+from comlrl_lightning.rounds import check_round_setup, next_round_at_epoch_end
 
 
 class ComparatorRefresh(L.Callback):
-    """Call the comparator's ``prepare(round_index)`` / ``release()`` around each collection phase."""
+    """Call the comparator's ``prepare(round_index)`` / ``release()`` around each collection phase.
+
+    Args:
+        comparator: kept for existing code; prefer the data module's ``comparator``. When given, it becomes
+            the data module's comparator (a different one configured there is an error).
+    """
 
     round_stage = 1
 
@@ -33,9 +39,12 @@ class ComparatorRefresh(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         check_round_setup(trainer, "ComparatorRefresh")
-        self.comparator = resolve_comparator(pl_module, self.comparator, trainer)
+        check_protocol(trainer.datamodule, RoundData, "ComparatorRefresh", "data module",
+                       "IterativePreferenceDataModule")
+        trainer.datamodule.offer_comparator(self.comparator, "ComparatorRefresh(comparator=...)")
 
-    def _prepare(self, round_index: int) -> None:
+    def _prepare(self, trainer: L.Trainer, pl_module: L.LightningModule, round_index: int) -> None:
+        self.comparator = trainer.datamodule.comparator_for(trainer, pl_module)
         if hasattr(self.comparator, "prepare"):
             self.comparator.prepare(round_index)
         self.prepared = round_index
@@ -43,12 +52,12 @@ class ComparatorRefresh(L.Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.next_round == 0:
-            self._prepare(0)
+            self._prepare(trainer, pl_module, 0)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         nxt = next_round_at_epoch_end(trainer, pl_module)
         if nxt is not None and nxt == self.next_round:
-            self._prepare(nxt)
+            self._prepare(trainer, pl_module, nxt)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.prepared is not None and hasattr(self.comparator, "release"):

@@ -2,8 +2,9 @@
 
 Runs before every ``eval_interval``-th update (update 0 included, as upstream) and once at the end of
 training. Logs ``eval/reward_mean``, ``eval/turn_{t}/reward_mean``, ``eval/turn_{t}/expected_return`` and,
-single-turn, ``eval/agent{i}/completions/mean_length`` (characters). Multi-turn modules evaluate every turn
-through their own single-path rollout (spec multiturn.md §10.2).
+single-turn, ``eval/agent{i}/completions/mean_length`` (characters). What an evaluation samples is the
+module's business (``pl_module.evaluate``, the ``TeamModule`` protocol): multi-turn modules roll out every
+turn on single sampled paths (spec multiturn.md §10.2).
 """
 
 from __future__ import annotations
@@ -11,32 +12,9 @@ from __future__ import annotations
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
-from comlrl_lightning.callbacks.logging_utils import log_metrics
-from comlrl_lightning.data.tasks import format_prompts
-from comlrl_lightning.generation import SamplingStream
-from comlrl_lightning.preferences import sample_team
-
-
-def evaluate_team(team, items, formatters, oracle, settings, stream_seed: int, num_samples: int = 1) -> dict:
-    """Mean task reward of ``num_samples`` sampled joint responses per item (fresh, seeded streams)."""
-    if not items:
-        return {}
-    prompts = format_prompts(items, formatters)
-    streams = [SamplingStream(stream_seed + 7919 * i) for i in range(team.num_agents)]
-    samples = sample_team(team, prompts, num_samples, settings, streams)
-    rewards, lengths = [], [[] for _ in range(team.num_agents)]
-    for k, item in enumerate(items):
-        for j in range(num_samples):
-            texts = [samples[a].texts[k][j] for a in range(team.num_agents)]
-            for a, t in enumerate(texts):
-                lengths[a].append(len(t))
-            processed, _ = oracle.score([p[k] for p in prompts], texts, item, f"eval {k}")
-            rewards.append(processed)
-    mean = sum(rewards) / len(rewards)
-    out = {"eval/reward_mean": mean, "eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean}
-    for a in range(team.num_agents):
-        out[f"eval/agent{a}/completions/mean_length"] = sum(lengths[a]) / len(lengths[a])
-    return out
+from comlrl_lightning.evaluation import evaluate_team  # noqa: F401  (kept importable from here)
+from comlrl_lightning.logging_utils import log_metrics
+from comlrl_lightning.protocols import TaskSource, TeamModule, check_protocol
 
 
 class TaskRewardEvaluation(L.Callback):
@@ -60,6 +38,16 @@ class TaskRewardEvaluation(L.Callback):
         self.final = final
         self.history: list[tuple[int, dict]] = []
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        check_protocol(pl_module, TeamModule, "TaskRewardEvaluation", "module", "MADPOModule")
+        check_protocol(trainer.datamodule, TaskSource, "TaskRewardEvaluation", "data module", "TaskDataModule")
+
+    @property
+    def before_after(self) -> tuple[float, float] | None:
+        """(first, last) ``eval/reward_mean`` of this fit, or None before two evaluations exist."""
+        values = [m["eval/reward_mean"] for _, m in self.history if "eval/reward_mean" in m]
+        return (values[0], values[-1]) if values else None
+
     def _run(self, trainer: L.Trainer, pl_module: L.LightningModule, label: str) -> dict:
         dm = trainer.datamodule
         args = pl_module.args
@@ -67,32 +55,11 @@ class TaskRewardEvaluation(L.Callback):
         items = list(dm.eval_items[:n])
         if not items:
             return {}
-        metrics = self._evaluate(pl_module, dm, items)
+        metrics = pl_module.evaluate(items, dm, seed=self.seed, samples_per_item=self.samples_per_item)
         self.history.append((pl_module.updates_seen, metrics))
         log_metrics(trainer, metrics)
         rank_zero_info(f"[eval {label}] update {pl_module.updates_seen}: task reward "
                        f"{metrics['eval/reward_mean']:.4f}")
-        return metrics
-
-    def _evaluate(self, pl_module, dm, items) -> dict:
-        """Single-turn: :func:`evaluate_team`. Multi-turn (``args.num_turns > 1``): the module's own
-        single-path rollout (``evaluate_turns`` for MAGRPO, ``evaluate`` for actor-critic), still scored with
-        the data module's task oracle; ``eval/reward_mean`` is then the mean immediate reward over all turns."""
-        turns = int(getattr(pl_module.args, "num_turns", 1) or 1)
-        if turns > 1 and hasattr(pl_module, "evaluate_turns"):
-            transition = getattr(dm, "external_transition", None)
-            metrics = pl_module.evaluate_turns(items, dm.formatters, dm.oracle, transition,
-                                               samples_per_item=self.samples_per_item, seed=self.seed,
-                                               prompt_field=getattr(dm, "prompt_field", "prompt"))
-        elif turns > 1 and hasattr(pl_module, "evaluate"):
-            metrics = pl_module.evaluate(items, seed=self.seed)
-        else:
-            return evaluate_team(pl_module.team, items, dm.formatters, dm.oracle, pl_module.sampling_settings(),
-                                 self.seed, self.samples_per_item)
-        per_turn = [metrics[f"eval/turn_{t}/reward_mean"] for t in range(1, turns + 1)
-                    if f"eval/turn_{t}/reward_mean" in metrics]
-        metrics = dict(metrics)
-        metrics["eval/reward_mean"] = sum(per_turn) / len(per_turn)
         return metrics
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:

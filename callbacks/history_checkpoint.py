@@ -16,7 +16,8 @@ from pathlib import Path
 
 import lightning as L
 
-from comlrl_lightning.callbacks.rounds import check_round_setup, output_dir, require, round_just_finished
+from comlrl_lightning.protocols import TeamModule, check_protocol
+from comlrl_lightning.rounds import check_round_setup, output_dir, round_just_finished
 
 
 class HistoryCheckpoint(L.Callback):
@@ -35,7 +36,7 @@ class HistoryCheckpoint(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         check_round_setup(trainer, "HistoryCheckpoint")
-        require(pl_module, ("team", "args"), "HistoryCheckpoint", "module", "MADPOModule")
+        check_protocol(pl_module, TeamModule, "HistoryCheckpoint", "module", "MADPOModule")
         configured = self.dirpath or getattr(pl_module.args, "policy_checkpoint_dir", None)
         self.root = output_dir(trainer, configured, "policy_checkpoints")
 

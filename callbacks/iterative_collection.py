@@ -1,10 +1,10 @@
 """IterativePreferenceCollection: each round, current-vs-comparator pairs over the whole train set.
 
 Round 0 is collected in ``on_fit_start``, round t+1 in ``on_train_epoch_end`` of round t's last epoch; the
-pairs go to the data module's sink ``add_round(pairs)``. The comparator is any object with
-``sample(prompts, num_candidates, items) -> list[Samples]`` (see :mod:`comlrl_lightning.comparators.local`):
-the ``comparator`` argument, else ``pl_module.comparator``, else one built from ``pl_module.args`` (and
-attached as ``pl_module.comparator`` so that ComparatorRefresh finds the same one).
+pairs go to the round data's sink ``add_round(pairs)``. The comparator is the round data's
+(``datamodule.comparator_for``; see :mod:`comlrl_lightning.protocols`): any object with
+``sample(prompts, num_candidates, items) -> list[Samples]``. Comparisons are scored with the round data's
+``collection_oracle()``: the task reward, or MARLHFIter's learned reward once one scores comparisons.
 
 Logs ``round/index``, ``round/num_pairs``, ``round/win_rate`` (share of the non-tied aligned comparisons the
 current agents won), ``round/tie_rate`` and ``round/candidate_reward_mean``.
@@ -18,35 +18,21 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
-from comlrl_lightning.callbacks.logging_utils import log_metrics
-from comlrl_lightning.callbacks.rounds import check_round_setup, next_round_at_epoch_end, require
 from comlrl_lightning.data.tasks import format_prompts
 from comlrl_lightning.generation import SamplingStream
+from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.preferences import CollectionStats, build_iterative_pairs, sample_team
+from comlrl_lightning.protocols import RoundData, TeamModule, check_protocol
 from comlrl_lightning.replay import rng_from_plain, rng_state_to_plain
-
-
-def resolve_comparator(pl_module: L.LightningModule, given: Any, trainer: L.Trainer) -> Any:
-    """The run's comparator source: ``given``, or ``pl_module.comparator``, or one built from ``args``."""
-    src = given if given is not None else getattr(pl_module, "comparator", None)
-    if src is None:
-        from comlrl_lightning.comparators.local import build_comparator
-
-        src = build_comparator(pl_module.args, model_config=getattr(pl_module.hparams, "model_config", None))
-    if getattr(pl_module, "comparator", None) is None:
-        pl_module.comparator = src
-    if not callable(getattr(src, "sample", None)):
-        raise TypeError(f"The comparator must have sample(prompts, num_candidates, items); got {type(src).__name__}.")
-    if getattr(src, "pl_module", "unset") is None and hasattr(src, "setup"):
-        src.setup(trainer, pl_module)
-    return src
+from comlrl_lightning.rounds import check_round_setup, next_round_at_epoch_end
 
 
 class IterativePreferenceCollection(L.Callback):
     """Collect one round of current-vs-comparator pairs at every round boundary.
 
     Args:
-        comparator: a comparator source (None: ``pl_module.comparator`` or built from ``args``).
+        comparator: kept for existing code; prefer the data module's ``comparator``. When given, it becomes the
+            data module's comparator (a different one configured there is an error).
         seed: seed of the agents' sampling streams (agent i: ``seed + 1000 * i``) and of random pair
             selection; None = ``args.seed``.
         chunk_size: task items generated together per agent.
@@ -70,11 +56,11 @@ class IterativePreferenceCollection(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         check_round_setup(trainer, "IterativePreferenceCollection")
-        require(pl_module, ("team", "args", "sampling_settings"), "IterativePreferenceCollection", "module",
-                "MADPOModule with a MADPOIterConfig")
-        require(trainer.datamodule, ("train_items", "formatters", "oracle", "add_round"),
-                "IterativePreferenceCollection", "data module", "IterativePreferenceDataModule")
-        self.comparator = resolve_comparator(pl_module, self.comparator, trainer)
+        check_protocol(pl_module, TeamModule, "IterativePreferenceCollection", "module",
+                       "MADPOModule with a MADPOIterConfig")
+        check_protocol(trainer.datamodule, RoundData, "IterativePreferenceCollection", "data module",
+                       "IterativePreferenceDataModule")
+        trainer.datamodule.offer_comparator(self.comparator, "IterativePreferenceCollection(comparator=...)")
         seed = pl_module.args.seed if self.seed is None else self.seed
         if self.streams is None:
             self.streams = [SamplingStream(seed + 1000 * i) for i in range(pl_module.team.num_agents)]
@@ -85,9 +71,6 @@ class IterativePreferenceCollection(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.next_round == 0:  # a resumed run already holds its next round's pairs
             self.collect(trainer, pl_module, 0)
-
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        pl_module.round_index = trainer.current_epoch // int(pl_module.args.num_train_epochs)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         nxt = next_round_at_epoch_end(trainer, pl_module)
@@ -101,22 +84,21 @@ class IterativePreferenceCollection(L.Callback):
         n = args.preference_num_candidates
         m = getattr(args, "comparator_num_candidates", None) or n
         items = list(dm.train_items)
+        self.comparator = dm.comparator_for(trainer, pl_module)
+        oracle = dm.collection_oracle()
         pairs, total = [], CollectionStats()
         for start in range(0, len(items), self.chunk_size):
             chunk = items[start:start + self.chunk_size]
             prompts = format_prompts(chunk, dm.formatters, offset=start)
             current = sample_team(team, prompts, n, settings, self.streams)
             comp = self.comparator.sample(prompts, m, chunk)
-            new, stats = build_iterative_pairs(chunk, prompts, current, comp, dm.oracle.score, args.pair_selection,
+            new, stats = build_iterative_pairs(chunk, prompts, current, comp, oracle.score, args.pair_selection,
                                                args.preference_pairs_per_sample, self.rng, item_offset=start)
             pairs.extend(new)
-            for f in ("num_items", "num_candidates", "num_pairs", "num_ties", "reward_sum", "wins", "comparisons",
-                      "target_raw_rewards", "comparator_raw_rewards"):
-                setattr(total, f, getattr(total, f) + getattr(stats, f))
+            total.add(stats)
         self.next_round = round_index + 1
         dm.add_round(pairs)
-        if hasattr(dm, "record_candidate_rewards"):  # optional sink: the raw rewards of every candidate
-            dm.record_candidate_rewards(round_index, total.target_raw_rewards, total.comparator_raw_rewards)
+        dm.record_candidate_rewards(round_index, total.target_raw_rewards, total.comparator_raw_rewards)
         decided = total.comparisons - total.num_ties
         metrics = {
             "round/index": round_index,
@@ -133,12 +115,10 @@ class IterativePreferenceCollection(L.Callback):
         return pairs
 
     def state_dict(self) -> dict:
-        comp = self.comparator
         return {
             "next_round": self.next_round,
             "streams": [s.generator.get_state().tolist() for s in self.streams or []],
             "rng": rng_state_to_plain(self.rng) if self.rng is not None else None,
-            "comparator": comp.state_dict() if hasattr(comp, "state_dict") else None,
             "history": [dict(h) for h in self.history],
         }
 
@@ -155,7 +135,11 @@ class IterativePreferenceCollection(L.Callback):
             s.generator.set_state(torch.tensor(st, dtype=torch.uint8))
         if state.get("rng") is not None:
             self.rng = rng_from_plain(state["rng"])
-        if state.get("comparator") is not None and hasattr(self.comparator, "load_state_dict"):
-            self.comparator.load_state_dict(state["comparator"])
         self.history = [dict(h) for h in state.get("history", [])]
         self._state = None
+
+
+class ScoredPreferenceCollection(IterativePreferenceCollection):
+    """The collection of MARLHFIter. Kept as its own name for existing configs: every collection now scores
+    with the round data's ``collection_oracle()`` (the learned reward once
+    ``preference_scoring_reward="reward_model"`` has a fitted model, else the task reward)."""

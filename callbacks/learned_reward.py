@@ -3,16 +3,15 @@
 * :class:`LearnedRewardFit` (offline MARLHF, spec §10): at fit start, collect pairs once with the task
   reward (:func:`~comlrl_lightning.preferences.collect_offline_pairs`), fit the reward model
   (:func:`~comlrl_lightning.modules.reward_model.fit_reward_model`, a nested ``Trainer.fit``), and set
-  ``pl_module.train_oracle`` to a :class:`~comlrl_lightning.learned_reward.LearnedRewardOracle`. No pairs →
+  the module's training reward (``use_train_oracle``) to a
+  :class:`~comlrl_lightning.learned_reward.LearnedRewardOracle`. No pairs →
   a message and no RL.
 * :class:`IterativeRewardModelFit` (MARLHFIter, round stage 4: after replay selection): at every round
   boundary, fit a **freshly built** reward model (new object, new head, new optimizer; nothing carried over)
-  on the round's replay-selected training pairs and swap ``pl_module.train_oracle``. A round without
-  training pairs trains no RL (``train_oracle = None``). With ``preference_scoring_reward="reward_model"``
-  the latest fitted model also becomes the data module's ``preference_oracle``, which
-  :class:`ScoredPreferenceCollection` uses for the next round's comparisons (task reward until one exists).
-* :class:`ScoredPreferenceCollection`: IterativePreferenceCollection scoring with the data module's
-  ``preference_oracle`` when one is set.
+  on the round's replay-selected training pairs and make it the module's training reward. A round without
+  training pairs trains no RL (``use_train_oracle(None)``). With ``preference_scoring_reward="reward_model"``
+  the latest fitted model also scores the next round's comparisons (``datamodule.use_preference_oracle``;
+  the task reward until one exists).
 
 Reward-model source: the ``reward_model`` argument (a JointRewardModel used as a template: every fit gets a
 :meth:`~comlrl_lightning.modules.reward_model.JointRewardModel.fresh` copy, the template itself is never
@@ -32,11 +31,11 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from comlrl_lightning.callbacks.iterative_collection import IterativePreferenceCollection
-from comlrl_lightning.callbacks.logging_utils import log_metrics
-from comlrl_lightning.callbacks.rounds import check_round_setup, next_round_at_epoch_end, require
 from comlrl_lightning.generation import SamplingStream
 from comlrl_lightning.learned_reward import LearnedRewardOracle
+from comlrl_lightning.logging_utils import log_metrics
+from comlrl_lightning.protocols import RoundData, TaskSource, TeamModule, check_protocol
+from comlrl_lightning.rounds import check_round_setup, next_round_at_epoch_end
 
 
 def _inner_trainer_kwargs(device: torch.device, trainer: L.Trainer) -> dict[str, Any]:
@@ -68,10 +67,9 @@ class _RewardModelFitting(L.Callback):
         self.current: Any = None  # the fitted JointRewardModel in use
 
     def _setup(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        require(pl_module, ("team", "args", "sampling_settings", "train_oracle"), type(self).__name__, "module",
-                "MARLHFModule or MARLHFActorCriticModule")
-        require(trainer.datamodule, ("train_items", "formatters", "oracle"), type(self).__name__, "data module",
-                "TaskDataModule or MARLHFIterDataModule")
+        check_protocol(pl_module, TeamModule, type(self).__name__, "module", "MARLHFModule or MARLHFActorCriticModule")
+        check_protocol(trainer.datamodule, TaskSource, type(self).__name__, "data module",
+                       "TaskDataModule or MARLHFIterDataModule")
         if self.reward_model is None and pl_module.args.reward_model_name is None \
                 and getattr(pl_module, "reward_source", None) is None:
             raise ValueError(
@@ -209,36 +207,15 @@ class LearnedRewardFit(_RewardModelFitting):
         if not pairs:
             rank_zero_info("MARLHF: no non-tied preference pairs were generated; no reward model is trained and "
                            "the policies are not updated.")
-            pl_module.train_oracle = None
+            pl_module.use_train_oracle(None)
             trainer.should_stop = True
             return
         model = self.fit(trainer, pl_module, pairs, seed)
         if model is None:
-            pl_module.train_oracle = None
+            pl_module.use_train_oracle(None)
             trainer.should_stop = True
             return
-        pl_module.train_oracle = LearnedRewardOracle(model, dm.formatters)
-
-
-class ScoredPreferenceCollection(IterativePreferenceCollection):
-    """IterativePreferenceCollection that scores comparisons with ``datamodule.preference_oracle`` when set
-    (MARLHFIter with ``preference_scoring_reward="reward_model"``; spec §8.4), else with the task reward.
-
-    The data module's ``oracle`` is swapped only for the duration of :meth:`collect`, a round-boundary hook
-    in which no evaluation runs; evaluation keeps reading the task oracle.
-    """
-
-    def collect(self, trainer: L.Trainer, pl_module: L.LightningModule, round_index: int) -> list:
-        dm = trainer.datamodule
-        scoring = getattr(dm, "preference_oracle", None)
-        if scoring is None:
-            return super().collect(trainer, pl_module, round_index)
-        task = dm.oracle
-        dm.oracle = scoring
-        try:
-            return super().collect(trainer, pl_module, round_index)
-        finally:
-            dm.oracle = task
+        pl_module.use_train_oracle(LearnedRewardOracle(model, dm.formatters))
 
 
 class IterativeRewardModelFit(_RewardModelFitting):
@@ -265,8 +242,7 @@ class IterativeRewardModelFit(_RewardModelFitting):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         check_round_setup(trainer, "IterativeRewardModelFit")
         self._setup(trainer, pl_module)
-        require(trainer.datamodule, ("pairs", "preference_oracle"), "IterativeRewardModelFit", "data module",
-                "MARLHFIterDataModule")
+        check_protocol(trainer.datamodule, RoundData, "IterativeRewardModelFit", "data module", "MARLHFIterDataModule")
 
     def _round(self, trainer: L.Trainer, pl_module: L.LightningModule, round_index: int) -> None:
         dm = trainer.datamodule
@@ -275,7 +251,7 @@ class IterativeRewardModelFit(_RewardModelFitting):
         self.next_round = round_index + 1
         scoring = getattr(args, "preference_scoring_reward", "task") == "reward_model"
         # The previous round's model is dropped here (kept only as the scoring oracle when scoring with it).
-        pl_module.train_oracle = None
+        pl_module.use_train_oracle(None)
         seed = (args.seed if self.seed is None else self.seed) * 1000 + round_index
         model = self.fit(trainer, pl_module, pairs, seed) if pairs else None
         if model is None:
@@ -284,17 +260,17 @@ class IterativeRewardModelFit(_RewardModelFitting):
             self.round_models.append(None)
             if not scoring:
                 self.current = None
-                dm.preference_oracle = None
+                dm.use_preference_oracle(None)
             return
         self.round_models.append(model if self.keep_round_models else id(model))
         oracle = LearnedRewardOracle(model, dm.formatters)
-        pl_module.train_oracle = oracle
-        dm.preference_oracle = oracle if scoring else None
+        pl_module.use_train_oracle(oracle)
+        dm.use_preference_oracle(oracle if scoring else None)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.next_round == 0:
             self._round(trainer, pl_module, 0)
-        elif pl_module.train_oracle is None:
+        elif self.current is None:
             # Resumed at a round boundary: the reward model is not in the checkpoint; refit the current
             # round's model on its training pairs (restored with the data module's state).
             self._round(trainer, pl_module, self.next_round - 1)

@@ -1,8 +1,8 @@
 """PreferenceCollection: sample the current agents on the task items, score, and hand pairs to the data.
 
 Offline MADPO collects once, at fit start (before Lightning builds the first train dataloader). The
-callback talks to the LightningModule through ``team`` / ``args`` / ``sampling_settings()`` and to the
-DataModule through ``train_items`` / ``formatters`` / ``oracle`` / ``add_round(pairs)``.
+callback talks to the LightningModule through the ``TeamModule`` protocol and to the DataModule through
+``PairSink`` (task items, formatters, oracle and ``add_round(pairs)``; see :mod:`comlrl_lightning.protocols`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import random
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from comlrl_lightning.callbacks.logging_utils import log_metrics
 from comlrl_lightning.generation import SamplingStream
+from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.preferences import collect_offline_pairs
+from comlrl_lightning.protocols import PairSink, TeamModule, check_protocol
 
 
 class PreferenceCollection(L.Callback):
@@ -37,15 +38,8 @@ class PreferenceCollection(L.Callback):
         return "PreferenceCollection"
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        for attr in ("team", "args", "sampling_settings"):
-            if not hasattr(pl_module, attr):
-                raise TypeError(f"PreferenceCollection needs a module with `{attr}` (e.g. MADPOModule); got "
-                                f"{type(pl_module).__name__}.")
-        dm = trainer.datamodule
-        for attr in ("train_items", "formatters", "oracle", "add_round"):
-            if not hasattr(dm, attr):
-                raise TypeError(f"PreferenceCollection needs a data module with `{attr}` (e.g. "
-                                f"PreferenceDataModule); got {type(dm).__name__}.")
+        check_protocol(pl_module, TeamModule, "PreferenceCollection", "module", "MADPOModule")
+        check_protocol(trainer.datamodule, PairSink, "PreferenceCollection", "data module", "PreferenceDataModule")
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.collected:  # restored from a checkpoint: the pairs came back with the data module state

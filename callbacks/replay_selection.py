@@ -12,20 +12,20 @@ from __future__ import annotations
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
-from comlrl_lightning.callbacks.logging_utils import log_metrics
-from comlrl_lightning.callbacks.rounds import check_round_setup, require
-
-_UNSET = object()
+from comlrl_lightning.logging_utils import log_metrics
+from comlrl_lightning.protocols import RoundData, check_protocol
+from comlrl_lightning.rounds import check_round_setup
 
 
 class ReplaySelection(L.Callback):
-    """Replay policy per round; every argument left unset comes from ``pl_module.args``
+    """Replay policy per round; every argument left None comes from ``pl_module.args``
     (``preference_replay_mode``, ``preference_replay_sample_size``, ``preference_replay_k``,
     ``preference_replay_lambda``)."""
 
     round_stage = 3
 
-    def __init__(self, mode: str | None = None, sample_size=_UNSET, k=_UNSET, lam=_UNSET):
+    def __init__(self, mode: str | None = None, sample_size: int | None = None, k: int | None = None,
+                 lam: float | None = None):
         self.mode = mode
         self.sample_size = sample_size
         self.k = k
@@ -38,14 +38,14 @@ class ReplaySelection(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         check_round_setup(trainer, "ReplaySelection")
-        require(trainer.datamodule, ("commit_round", "pending_round"), "ReplaySelection", "data module",
-                "IterativePreferenceDataModule")
+        check_protocol(trainer.datamodule, RoundData, "ReplaySelection", "data module",
+                       "IterativePreferenceDataModule")
         args = getattr(pl_module, "args", None)
         if self.mode is None:
             self.mode = getattr(args, "preference_replay_mode", "current")
         for name, opt in (("sample_size", "preference_replay_sample_size"), ("k", "preference_replay_k"),
                           ("lam", "preference_replay_lambda")):
-            if getattr(self, name) is _UNSET:
+            if getattr(self, name) is None:
                 setattr(self, name, getattr(args, opt, None))
         if self.mode == "nearest_k" and self.k is None:
             raise ValueError(

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import lightning as L
 
-from comlrl_lightning.callbacks.logging_utils import log_metrics
-from comlrl_lightning.callbacks.rounds import check_round_setup, output_dir, require
 from comlrl_lightning.distributions import (
     distribution_record,
     resolve_reward_range,
@@ -21,6 +19,9 @@ from comlrl_lightning.distributions import (
     svg_chart,
     write_record,
 )
+from comlrl_lightning.logging_utils import log_metrics
+from comlrl_lightning.protocols import RoundData, check_protocol
+from comlrl_lightning.rounds import check_round_setup, output_dir
 
 
 class RewardDistributionLogger(L.Callback):
@@ -45,8 +46,7 @@ class RewardDistributionLogger(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         check_round_setup(trainer, "RewardDistributionLogger")
         dm = trainer.datamodule
-        require(dm, ("oracle", "record_candidate_rewards", "pairs"), "RewardDistributionLogger", "data module",
-                "IterativePreferenceDataModule")
+        check_protocol(dm, RoundData, "RewardDistributionLogger", "data module", "IterativePreferenceDataModule")
         self.range = resolve_reward_range(dm.oracle.reward_func)
 
     def _maybe_log(self, trainer: L.Trainer) -> None:

@@ -31,12 +31,12 @@ def _make_cli_class():
                 loop.max_epochs = int(args.num_train_epochs) * int(getattr(args, "num_iterations", 1))
 
         def after_fit(self) -> None:
-            history = []
-            for cb in self.trainer.callbacks:
-                history = getattr(cb, "history", None) or history
-            if history and self.trainer.is_global_zero:
-                before, after = history[0][1].get("eval/reward_mean"), history[-1][1].get("eval/reward_mean")
-                print(f"task reward (eval/reward_mean): before {before:.4f} -> after {after:.4f}")
+            from comlrl_lightning.callbacks import TaskRewardEvaluation
+
+            evaluations = [cb for cb in self.trainer.callbacks if isinstance(cb, TaskRewardEvaluation)]
+            result = evaluations[0].before_after if evaluations else None
+            if result is not None and self.trainer.is_global_zero:
+                print(f"task reward (eval/reward_mean): before {result[0]:.4f} -> after {result[1]:.4f}")
 
     ComlrlCLI.save_callback = RedactingSaveConfigCallback
     return ComlrlCLI, L

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 PAIR_FIELDS = (
@@ -161,6 +161,12 @@ class CollectionStats:
     def reward_mean(self) -> float:
         return self.reward_sum / self.num_candidates if self.num_candidates else 0.0
 
+    def add(self, other: CollectionStats) -> None:
+        """Accumulate another pass (e.g. the next chunk of items) into this one: counts and sums add up,
+        reward lists are concatenated."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
 
 def build_offline_pairs(
     items: Sequence[dict],
@@ -260,8 +266,7 @@ def collect_offline_pairs(
             new, stats = build_offline_pairs(chunk, prompts, samples, oracle.score, pair_selection, limit, rng,
                                              item_offset=start)
             pairs.extend(new)
-            for f in ("num_items", "num_candidates", "num_pairs", "reward_sum"):
-                setattr(total, f, getattr(total, f) + getattr(stats, f))
+            total.add(stats)
             if bar is not None:
                 bar.update(len(chunk))
                 bar.set_postfix(pairs=total.num_pairs, reward=f"{total.reward_mean:.3f}")

@@ -152,7 +152,7 @@ def test_multiturn_evaluation_reports_every_turn_and_keeps_training_streams(tiny
     m = attached_module(tiny_model_dir, num_turns=2)
     m.bind_task(FORMATTERS, RewardOracle(_turn_reward([(1.0, 3.0), (2.0, 2.0)] * 2)), plain_transition)
     state = [s.state_dict()["rng_state"].clone() for s in m.streams]
-    out = m.evaluate(ITEMS[:2])
+    out = m.evaluate_turns(ITEMS[:2])
     assert out["eval/turn_1/reward_mean"] == pytest.approx(2.0) == out["eval/reward_mean"]
     assert out["eval/turn_2/reward_mean"] == pytest.approx(2.0)
     assert out["eval/turn_1/expected_return"] == pytest.approx(4.0)

@@ -1,4 +1,4 @@
-"""TeamModule, the base of the team modules: the injectable per-agent optimizer and scheduler (IAC/MAAC took
+"""TeamModuleBase, the base of the team modules: the injectable per-agent optimizer and scheduler (IAC/MAAC took
 them over from MADPO/MAGRPO), from Python and from a YAML config, and the shared progress state."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from comlrl_lightning.config_ac import IACConfig, MAACConfig
 from comlrl_lightning.modules.actor_critic import ActorCriticModule
-from comlrl_lightning.modules.base import TeamModule
+from comlrl_lightning.modules.base import TeamModuleBase
 from comlrl_lightning.modules.madpo import MADPOModule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ def test_iac_optimizer_factory_drives_the_actors_and_the_critics_keep_adamw(tiny
     m = ActorCriticModule(agent_model=tiny_model_dir, args=IACConfig(**SMALL),
                           optimizer=functools.partial(torch.optim.SGD, lr=0.05),
                           lr_scheduler=functools.partial(torch.optim.lr_scheduler.StepLR, step_size=7))
-    assert isinstance(m, TeamModule)
+    assert isinstance(m, TeamModuleBase)
     optimizers, schedulers = m.configure_optimizers()
     assert _kinds(optimizers) == [("SGD", 0.05), ("SGD", 0.05), ("AdamW", 3e-3), ("AdamW", 3e-3)]
     assert [s.optimizer for s in schedulers] == optimizers[:2] and schedulers[0].step_size == 7

@@ -306,7 +306,7 @@ class HistoryComparator(LocalComparator):
 
     def setup(self, trainer: Any, pl_module: Any) -> None:
         super().setup(trainer, pl_module)
-        from comlrl_lightning.callbacks.rounds import output_dir
+        from comlrl_lightning.rounds import output_dir
 
         args = pl_module.args
         self.root = str(output_dir(trainer, self.root or getattr(args, "policy_checkpoint_dir", None),

@@ -1,12 +1,15 @@
 """IterativePreferenceDataModule: round-refreshed pairs backed by the on-disk replay buffer (spec §3.7, §4).
 
-The pair sink ``add_round(pairs)`` receives each round's new current-vs-comparator pairs. Without a replay
+It is the round data of :mod:`comlrl_lightning.protocols` (``RoundData``): it owns the run's comparator
+(``comparator``; None = the source built from the module's ``args.comparator_policy`` when the first round
+callback asks for it), and the pairs. The pair sink ``add_round(pairs)`` receives each round's new
+current-vs-comparator pairs. Without a replay
 step they become the round's training pairs (mode ``current``). :meth:`commit_round` (called by the
 ReplaySelection callback) writes ``iteration_{I:04d}.json`` (I = round + 1) through a
 :class:`~comlrl_lightning.replay.ReplayStore` and replaces the training pairs with the replay selection.
 
-``state_dict`` holds the store's shard index and RNG plus the current selection (texts only; pairs are
-re-tokenized), so a run resumed from a round-boundary checkpoint trains on exactly the same pairs.
+``state_dict`` holds the store's shard index and RNG, the comparator's state and the current selection (texts
+only; pairs are re-tokenized), so a run resumed from a round-boundary checkpoint trains on exactly the same pairs.
 A round without training pairs serves one placeholder batch ``{"empty_round": True}`` that
 :class:`~comlrl_lightning.modules.MADPOModule` skips: an empty dataloader would end ``Trainer.fit``.
 """
@@ -21,6 +24,7 @@ from torch.utils.data import DataLoader
 
 from comlrl_lightning.data.preference import EpochPermutation, PreferenceDataModule, _PairList, check_pairs
 from comlrl_lightning.preferences import PreferencePair
+from comlrl_lightning.protocols import Comparator, check_protocol
 from comlrl_lightning.replay import ReplayStore
 
 
@@ -31,17 +35,63 @@ class IterativePreferenceDataModule(PreferenceDataModule):
         replay_dir: folder of the round files (None: the module's ``args.preference_replay_dir``, else
             ``<trainer.default_root_dir>/preference_replay``). Files of an earlier run in that folder are not
             imported unless the run resumes from a checkpoint.
+        comparator: the run's comparator (any object with ``sample(prompts_per_agent, num_candidates, items)``,
+            e.g. :class:`~comlrl_lightning.comparators.local.HistoryComparator`); None = built from the
+            module's ``args`` (``comparator_policy`` and friends). Every round callback uses this one object.
         **kwargs: as :class:`PreferenceDataModule`.
     """
 
-    def __init__(self, *args: Any, replay_dir: str | None = None, **kwargs: Any):
+    def __init__(self, *args: Any, replay_dir: str | None = None, comparator: Any = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.replay_dir = replay_dir
+        self.comparator = comparator
+        self._comparator_owner = "the data module's `comparator` argument" if comparator is not None else None
+        self._comparator_ready = False
+        self._comparator_state: dict | None = None
+        self.preference_oracle: Any = None
         self.store: ReplayStore | None = None
         self.new_pairs: list[PreferencePair] = []
         self.pending_round: int | None = None
         self.rounds_added = 0
         self._pending_state: dict | None = None
+
+    # --- the comparator ------------------------------------------------------------------------------
+    def offer_comparator(self, comparator: Any, who: str) -> None:
+        """Register a comparator given elsewhere (e.g. to a callback). A run has one comparator: a second,
+        different object is an error naming both places."""
+        if comparator is None or comparator is self.comparator:
+            return
+        if self.comparator is not None:
+            raise ValueError(
+                f"Two different comparators were configured: one through {self._comparator_owner}, one through "
+                f"{who}. A run has one comparator, shared by every round callback: give it once, as the data "
+                "module's `comparator` (YAML: data.init_args.comparator).")
+        self.comparator, self._comparator_owner = comparator, who
+
+    def comparator_for(self, trainer: Any, pl_module: Any) -> Any:
+        """The run's comparator, built from ``pl_module.args`` if none was given, set up once per fit."""
+        if self.comparator is None:
+            from comlrl_lightning.comparators.local import build_comparator
+
+            self.comparator = build_comparator(pl_module.args, model_config=getattr(pl_module, "model_config", None))
+            self._comparator_owner = "the module's args (comparator_policy)"
+        if not self._comparator_ready:
+            check_protocol(self.comparator, Comparator, "The round data", "comparator", "HistoryComparator()")
+            if hasattr(self.comparator, "setup"):
+                self.comparator.setup(trainer, pl_module)
+            if self._comparator_state is not None and hasattr(self.comparator, "load_state_dict"):
+                self.comparator.load_state_dict(self._comparator_state)
+            self._comparator_state = None
+            self._comparator_ready = True
+        return self.comparator
+
+    def collection_oracle(self) -> Any:
+        """The oracle that scores a round's comparisons: ``preference_oracle`` when set, else the task reward."""
+        return self.preference_oracle if self.preference_oracle is not None else self.oracle
+
+    def use_preference_oracle(self, oracle: Any) -> None:
+        """Score the next rounds' comparisons with ``oracle`` (None = the task reward again)."""
+        self.preference_oracle = oracle
 
     # --- the pair sink --------------------------------------------------------------------------------
     def add_round(self, pairs: Sequence[PreferencePair]) -> None:
@@ -84,8 +134,9 @@ class IterativePreferenceDataModule(PreferenceDataModule):
     # --- Lightning ----------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         super().setup(stage)
+        self._comparator_ready = False  # set up again in every fit
         if self.store is None and self.trainer is not None:
-            from comlrl_lightning.callbacks.rounds import output_dir
+            from comlrl_lightning.rounds import output_dir
 
             args = getattr(self.trainer.lightning_module, "args", None)
             configured = self.replay_dir or getattr(args, "preference_replay_dir", None)
@@ -110,6 +161,8 @@ class IterativePreferenceDataModule(PreferenceDataModule):
             "pending_round": self.pending_round,
             "rounds_added": self.rounds_added,
             "replay": self.store.state_dict() if self.store is not None else None,
+            "comparator": (self.comparator.state_dict() if self._comparator_ready
+                           and hasattr(self.comparator, "state_dict") else self._comparator_state),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -121,6 +174,10 @@ class IterativePreferenceDataModule(PreferenceDataModule):
         self.new_pairs = [PreferencePair.from_json(r, self.num_agents) for r in state.get("new_pairs", [])]
         self.pending_round = state.get("pending_round")
         self.rounds_added = int(state.get("rounds_added", 0))
+        self._comparator_state = state.get("comparator")
+        if self._comparator_ready and self._comparator_state is not None:
+            self.comparator.load_state_dict(self._comparator_state)
+            self._comparator_state = None
         if state.get("replay") is not None:
             self.store.load_state_dict(state["replay"])
             for shard in self.store.shards:  # fail now, naming the file, rather than rounds later

@@ -36,7 +36,6 @@ class MARLHFIterDataModule(IterativePreferenceDataModule):
         super().__init__(*args, **kwargs)
         self.external_transition = None
         self.shuffle = shuffle
-        self.preference_oracle: Any = None
 
     def train_dataloader(self) -> DataLoader:
         epoch = self.trainer.current_epoch if self.trainer is not None else 0

@@ -34,12 +34,13 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
-from comlrl_lightning.callbacks.logging_utils import log_metrics
 from comlrl_lightning.config_ac import IACConfig, MAACConfig
+from comlrl_lightning.evaluation import with_turn_mean
 from comlrl_lightning.generation import SamplingStream, sample_completions
+from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss, td_advantages, value_loss
-from comlrl_lightning.modules.base import TeamModule
+from comlrl_lightning.modules.base import TeamModuleBase
 from comlrl_lightning.multiturn.episodes import EpisodeSample, first_prompt, run_episode, turn_rewards, turn_summary
 from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
 from comlrl_lightning.nets.critics import build_critics, joint_critic_text, right_pad
@@ -49,10 +50,10 @@ from comlrl_lightning.tiny import TINY_MODEL_NAME
 torch.serialization.add_safe_globals([IACConfig, MAACConfig])
 
 
-class ActorCriticModule(TeamModule):
+class ActorCriticModule(TeamModuleBase):
     """IAC or MAAC, chosen by the type of ``args``.
 
-    Args as :class:`~comlrl_lightning.modules.base.TeamModule`, and:
+    Args as :class:`~comlrl_lightning.modules.base.TeamModuleBase`, and:
         critic_model: the critic source (id, path or model object; one object is shared by the IAC critics'
             backbones, each with its own head). Default: the agents' source when it is a string.
         critics: explicit critic sources, N for IAC, 1 for MAAC.
@@ -118,10 +119,6 @@ class ActorCriticModule(TeamModule):
         self.last_rollouts: list[EpisodeSample] = []
         self.formatters: list[Callable] | None = None
         self.oracle: Any = None
-        #: Reward oracle of *training* rollouts only; None = ``self.oracle`` (the task reward). MARLHF sets a
-        #: learned reward here: an object with ``reward_func`` (called like a task reward function) and
-        #: ``reward_processor``. :meth:`evaluate` and the evaluation callback keep the task reward.
-        self.train_oracle: Any = None
         self.external_transition: Callable | None = None
 
     # --- setup --------------------------------------------------------------------------------------------
@@ -250,8 +247,15 @@ class ActorCriticModule(TeamModule):
     def _kl_coef(self) -> float | None:
         return self.args.reference_kl_coef if self.reference is not None else None
 
+    def evaluate(self, items: Sequence[dict], task: Any, seed: int = 12345, samples_per_item: int = 1) -> dict:
+        """Single turn: the base's evaluation. Multi-turn: :meth:`evaluate_turns` (one path per item, scored
+        with the bound task oracle), ``eval/reward_mean`` = the mean immediate reward over the turns."""
+        if self.args.num_turns > 1:
+            return with_turn_mean(self.evaluate_turns(items, seed), self.args.num_turns)
+        return super().evaluate(items, task, seed, samples_per_item)
+
     @torch.no_grad()
-    def evaluate(self, items: Sequence[dict], seed: int = 12345) -> dict[str, float]:
+    def evaluate_turns(self, items: Sequence[dict], seed: int = 12345) -> dict[str, float]:
         """One rollout per item with one sample per agent, early termination and KL shaping included, on
         fresh seeded streams (training's streams are untouched).
 

@@ -1,6 +1,6 @@
-"""TeamModule: what every team-training LightningModule shares (MADPO, MAGRPO family, IAC/MAAC, MARLHF).
+"""TeamModuleBase: what every team-training LightningModule shares (MADPO, MAGRPO family, IAC/MAAC, MARLHF).
 
-* the team: :meth:`TeamModule.init_team` loads the agents (``self.team``, an
+* the team: :meth:`TeamModuleBase.init_team` loads the agents (``self.team``, an
   :class:`~comlrl_lightning.agents.AgentTeam`) and registers their distinct models in ``self.models``;
 * one optimizer per agent, from the injectable ``optimizer`` factory (a LightningCLI ``optimizer:`` entry
   such as ``{class_path: torch.optim.SGD, init_args: {lr: 0.05}}``) or AdamW with ``args.agent_learning_rate``,
@@ -9,7 +9,10 @@
 * the sampling settings the collection and evaluation callbacks read (:meth:`sampling_settings`);
 * progress counters ``env_step`` and ``updates_seen``, saved in the checkpoint under ``comlrl_progress``
   (plain types: checkpoints are loaded ``weights_only``); subclasses extend :meth:`progress_state`;
-* agent export (:meth:`save_agents`): ``output_dir/agent_{i}/`` per agent.
+* agent export (:meth:`save_agents`): ``output_dir/agent_{i}/`` per agent;
+* the rest of the ``TeamModule`` protocol of :mod:`comlrl_lightning.protocols` that callbacks call:
+  :meth:`evaluate` (single-turn task-reward evaluation; multi-turn modules override it) and
+  :meth:`use_train_oracle` (the reward of training rollouts, e.g. MARLHF's learned reward).
 
 Optimization is manual (``automatic_optimization = False``); ``trainer.global_step`` counts every
 optimizer step of every agent (and of every critic).
@@ -26,10 +29,11 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from comlrl_lightning.agents import AgentTeam, build_agents
+from comlrl_lightning.evaluation import evaluate_team
 from comlrl_lightning.generation import SamplingSettings
 
 
-class TeamModule(L.LightningModule):
+class TeamModuleBase(L.LightningModule):
     """Base of the team modules; subclasses set ``self.args`` then call :meth:`init_team` in ``__init__``.
 
     The constructor arguments every team module takes:
@@ -62,11 +66,30 @@ class TeamModule(L.LightningModule):
         self.scheduler_factory = lr_scheduler
         self.env_step = 0
         self.updates_seen = 0
+        #: Reward oracle of *training* rollouts only; None = the data module's task oracle. MARLHF's reward
+        #: callbacks set a learned reward through :meth:`use_train_oracle`; evaluation never reads it.
+        self.train_oracle: Any = None
 
     # --- small interface used by callbacks ---------------------------------------------------------------
     def sampling_settings(self) -> SamplingSettings:
         a = self.args
         return SamplingSettings(a.max_new_tokens, a.temperature, a.top_p, a.top_k)
+
+    def use_train_oracle(self, oracle: Any) -> None:
+        """Score training rollouts with ``oracle`` from now on (None: the data module's task reward)."""
+        self.train_oracle = oracle
+
+    def training_oracle(self, task: Any) -> Any:
+        """The oracle of training rollouts: the one set by :meth:`use_train_oracle`, else ``task.oracle``."""
+        return self.train_oracle if self.train_oracle is not None else task.oracle
+
+    @torch.no_grad()
+    def evaluate(self, items: Sequence[dict], task: Any, seed: int = 12345, samples_per_item: int = 1) -> dict:
+        """Single-turn task-reward evaluation of ``items`` (:func:`~comlrl_lightning.evaluation.evaluate_team`):
+        ``samples_per_item`` joint responses per item from fresh streams seeded with ``seed``, scored with
+        ``task.oracle`` (never the training oracle)."""
+        return evaluate_team(self.team, list(items), task.formatters, task.oracle, self.sampling_settings(), seed,
+                             samples_per_item)
 
     def trainable_modules(self) -> list[nn.Module]:
         """Modules put in train mode at fit start (the agents' models; subclasses add critics)."""

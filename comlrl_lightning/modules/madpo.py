@@ -22,7 +22,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from comlrl_lightning.config import MADPOConfig, MADPOIterConfig, redact_secrets
 from comlrl_lightning.logprobs import sequence_logps
 from comlrl_lightning.losses import madpo_loss, madpo_loss_detached_others
-from comlrl_lightning.modules.base import TeamModule
+from comlrl_lightning.modules.base import TeamModuleBase
 from comlrl_lightning.tiny import TINY_MODEL_NAME
 
 # ``args`` is saved with the hyper-parameters; allow our plain config dataclasses in weights_only loads
@@ -30,10 +30,10 @@ from comlrl_lightning.tiny import TINY_MODEL_NAME
 torch.serialization.add_safe_globals([MADPOConfig, MADPOIterConfig])
 
 
-class MADPOModule(TeamModule):
+class MADPOModule(TeamModuleBase):
     """Multi-agent DPO (spec preference.md §7).
 
-    Args as :class:`~comlrl_lightning.modules.base.TeamModule`, with ``args`` a
+    Args as :class:`~comlrl_lightning.modules.base.TeamModuleBase`, with ``args`` a
     :class:`~comlrl_lightning.config.MADPOConfig` (dpo_beta, agent_learning_rate, ...). The schedulers step
     after each optimizer step.
     """
@@ -160,6 +160,9 @@ class MADPOModule(TeamModule):
             self.log("pairs", float(len(pairs)), prog_bar=True, batch_size=bsz, logger=False)
 
     # --- checkpoint ----------------------------------------------------------------------------------------
+    def on_train_epoch_start(self) -> None:
+        self.round_index = self.current_epoch // max(1, int(getattr(self.args, "num_train_epochs", 1)))
+
     def progress_state(self) -> dict[str, Any]:
         return {**super().progress_state(), "round_index": self.round_index}
 

@@ -31,13 +31,14 @@ from typing import Any
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from comlrl_lightning.callbacks.logging_utils import log_metrics
 from comlrl_lightning.config_rl import MAGRPOConfig
 from comlrl_lightning.data.tasks import format_prompts
+from comlrl_lightning.evaluation import with_turn_mean
 from comlrl_lightning.generation import SamplingStream, sample_completions
+from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss
-from comlrl_lightning.modules.base import TeamModule
+from comlrl_lightning.modules.base import TeamModuleBase
 from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
 from comlrl_lightning.multiturn.tree import AgentDraw, NodeSample, build_tree, node_samples
 from comlrl_lightning.reference import ReferencePolicies, sequence_kl
@@ -53,10 +54,10 @@ def completion_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequen
     return build_scoring_batch(prompt_ids, rows, pad, drop_last=False)
 
 
-class MAGRPOModule(TeamModule):
+class MAGRPOModule(TeamModuleBase):
     """MAGRPO / MAREINFORCE / MARLOO / MAReMax (``args.advantage_mode``) as one LightningModule.
 
-    Args as :class:`~comlrl_lightning.modules.base.TeamModule`, with ``args`` a
+    Args as :class:`~comlrl_lightning.modules.base.TeamModuleBase`, with ``args`` a
     :class:`~comlrl_lightning.config_rl.MAGRPOConfig` (or a subclass config); an agent's scheduler steps
     after each of its optimizer steps.
 
@@ -83,10 +84,6 @@ class MAGRPOModule(TeamModule):
         self.buffers: list[list[NodeSample]] = [[] for _ in range(n)]
         self.optimizer_steps = 0
         self._last_logged_step: int | None = None
-        #: Reward oracle of *training* rollouts only; None = the datamodule's task oracle (``dm.oracle``).
-        #: MARLHF sets a learned reward here (an object with ``score(prompts, completions, item, index) ->
-        #: (processed, raw)``). Evaluation never reads it: it always scores with the task reward.
-        self.train_oracle: Any = None
 
     def setup(self, stage: str) -> None:
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -154,6 +151,17 @@ class MAGRPOModule(TeamModule):
         coef = a.reference_kl_coef if a.reference_kl_enabled else 0.0
         return root, node_samples(root, n, a.num_generations, a.advantage_mode, a.advantage_normalization, coef)
 
+    def evaluate(self, items: Sequence[dict], task: Any, seed: int = 12345, samples_per_item: int = 1) -> dict:
+        """Single turn: the base's evaluation. Multi-turn: :meth:`evaluate_turns` with the task's formatters,
+        oracle and transition; ``eval/reward_mean`` = the mean immediate reward over the turns."""
+        if self.args.num_turns > 1:
+            transition = getattr(task, "external_transition", None)
+            metrics = self.evaluate_turns(items, task.formatters, task.oracle, transition,
+                                          samples_per_item=samples_per_item, seed=seed,
+                                          prompt_field=getattr(task, "prompt_field", "prompt"))
+            return with_turn_mean(metrics, self.args.num_turns)
+        return super().evaluate(items, task, seed, samples_per_item)
+
     @torch.no_grad()
     def evaluate_turns(self, items: Sequence[dict], formatters: Sequence, oracle: Any, transition: Any = None,
                        samples_per_item: int = 1, seed: int = 12345, prompt_field: str = "prompt") -> dict:
@@ -203,7 +211,7 @@ class MAGRPOModule(TeamModule):
     # --- training ------------------------------------------------------------------------------------------
     def training_step(self, batch: list[tuple[int, dict]], batch_idx: int) -> None:
         dm = self.trainer.datamodule
-        oracle = self.train_oracle if self.train_oracle is not None else dm.oracle
+        oracle = self.training_oracle(dm)
         losses = []
         for index, item in batch:
             _, samples = self.rollout(item, index, dm.formatters, oracle, getattr(dm, "external_transition", None),

@@ -30,7 +30,8 @@ from comlrl_lightning.trainers.base import TeamTrainer
 
 
 def round_callbacks(args: MADPOIterConfig, comparator: Any = None) -> list[L.Callback]:
-    """The round-boundary callbacks for ``args``, in the order they must run."""
+    """The round-boundary callbacks for ``args``, in the order they must run. The comparator belongs to the
+    data module; ``comparator`` is only kept for existing callers (the callbacks hand it to the data module)."""
     cbs: list[L.Callback] = []
     if args.policy_checkpoint_dir is not None or args.comparator_policy == "history":
         cbs.append(HistoryCheckpoint())
@@ -79,15 +80,14 @@ class MADPOIterTrainer(TeamTrainer):
             resolve_reward_range(reward_func)  # checked at construction, as upstream
         self.module = MADPOModule(agent_model=agent_model, agents=agents, tokenizer=tokenizer,
                                   model_config=model_config, lora=lora, args=self.args)
+        self.comparator = comparator if comparator is not None else build_comparator(
+            self.args, model_config, adapter=centralized_comparator_adapter)
         self.datamodule = IterativePreferenceDataModule(
             train_dataset=train_dataset, eval_dataset=eval_dataset, reward_func=reward_func,
             reward_processor=reward_processor, formatters=formatters, num_agents=self.args.num_agents,
-            seed=self.args.seed,
+            seed=self.args.seed, comparator=self.comparator,
         )
-        self.comparator = comparator if comparator is not None else build_comparator(
-            self.args, model_config, adapter=centralized_comparator_adapter)
-        self.module.comparator = self.comparator
-        self.round_callbacks = round_callbacks(self.args, self.comparator)
+        self.round_callbacks = round_callbacks(self.args)
         extra = [TaskRewardEvaluation()] if evaluation else []
         self._init_trainer(self.args.num_iterations * self.args.num_train_epochs,
                            [*self.round_callbacks, *extra, *callbacks], wandb_config, trainer_kwargs,

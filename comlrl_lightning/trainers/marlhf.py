@@ -143,27 +143,25 @@ class MARLHFIterTrainer(MARLHFTrainer):
         self._comparator_arg = comparator
         self._adapter = centralized_comparator_adapter
         super().__init__(*args, **kwargs)
-        self.module.comparator = self.comparator
 
     def _datamodule(self, train_dataset, eval_dataset, reward_func, reward_processor, formatters):
+        from comlrl_lightning.comparators.local import build_comparator
         from comlrl_lightning.data.marlhf import MARLHFIterDataModule
 
+        self.comparator = self._comparator_arg if self._comparator_arg is not None else build_comparator(
+            self.args, self.module.hparams.get("model_config"), adapter=self._adapter)
         return MARLHFIterDataModule(train_dataset=train_dataset, eval_dataset=eval_dataset, reward_func=reward_func,
                                     reward_processor=reward_processor, formatters=formatters,
-                                    num_agents=self.args.num_agents, seed=self.args.seed)
+                                    num_agents=self.args.num_agents, seed=self.args.seed, comparator=self.comparator)
 
     def _round_callbacks(self, reward_model: Any, val_fraction: float) -> list[L.Callback]:
-        from comlrl_lightning.comparators.local import build_comparator
-
         args = self.args
-        self.comparator = self._comparator_arg if self._comparator_arg is not None else build_comparator(
-            args, self.module.hparams.get("model_config"), adapter=self._adapter)
         self.reward_fit = IterativeRewardModelFit(reward_model, val_fraction=val_fraction)
-        self.collection = ScoredPreferenceCollection(self.comparator)
+        self.collection = ScoredPreferenceCollection()
         cbs: list[L.Callback] = []
         if args.policy_checkpoint_dir is not None or args.comparator_policy == "history":
             cbs.append(HistoryCheckpoint())
-        return [*cbs, ComparatorRefresh(self.comparator), self.collection, ReplaySelection(), self.reward_fit]
+        return [*cbs, ComparatorRefresh(), self.collection, ReplaySelection(), self.reward_fit]
 
     def _max_epochs(self) -> int:
         return self.args.num_iterations * self.args.num_train_epochs
