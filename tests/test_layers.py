@@ -17,8 +17,7 @@ PURE, COMPONENT, LIGHTNING, TOP = 0, 1, 2, 3
 NAMES = {PURE: "pure math", COMPONENT: "components", LIGHTNING: "Lightning layer", TOP: "trainers/CLI"}
 
 # Files of the pure layer: tensors and numbers in, tensors and numbers out; no models, no I/O of ours.
-PURE_MODULES = {"losses", "logprobs", "distributions", "protocols", "multiturn.tree", "multiturn.episodes",
-                "replay_math"}
+PURE_MODULES = {"losses", "logprobs", "protocols", "multiturn.tree"}
 
 
 def layer_of(module: str) -> int:
