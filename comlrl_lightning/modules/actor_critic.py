@@ -38,7 +38,7 @@ from torch import nn
 
 from comlrl_lightning.agents import AgentTeam, build_agents, load_model, model_name_of
 from comlrl_lightning.callbacks.logging_utils import log_metrics
-from comlrl_lightning.config_ac import IACConfig, MAACConfig
+from comlrl_lightning.config import IACConfig, MAACConfig
 from comlrl_lightning.generation import SamplingSettings, SamplingStream, sample_completions
 from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss, td_advantages, td_targets, value_loss
@@ -228,8 +228,8 @@ class ActorCriticModule(L.LightningModule):
         model_config: load kwargs (``dtype``, ``attn_implementation``, ``model_kwargs``,
             ``critic_model_kwargs``, ``special_tokens``; MAAC: ``critic_value_head_hidden_dim``).
         lora: peft LoraConfig kwargs for the actors (one frozen base, one adapter per agent).
-        args: an :class:`~comlrl_lightning.config_ac.IACConfig` (default) or
-            :class:`~comlrl_lightning.config_ac.MAACConfig`.
+        args: an :class:`~comlrl_lightning.config.IACConfig` (default) or
+            :class:`~comlrl_lightning.config.MAACConfig`.
         metrics_callback: optional ``f(rollouts) -> dict`` logged unprefixed after every item.
     """
 
@@ -735,7 +735,7 @@ class ActorCriticModule(L.LightningModule):
 
 
 class IACModule(ActorCriticModule):
-    """:class:`ActorCriticModule` with an :class:`~comlrl_lightning.config_ac.IACConfig` (for YAML configs)."""
+    """:class:`ActorCriticModule` with an :class:`~comlrl_lightning.config.IACConfig` (for YAML configs)."""
 
     def __init__(self, agent_model: str | None = TINY_MODEL_NAME, agents: Sequence[Any] | None = None,
                  tokenizer: Any = None, critic_model: Any = None, critics: Sequence[Any] | None = None,
@@ -746,7 +746,7 @@ class IACModule(ActorCriticModule):
 
 
 class MAACModule(ActorCriticModule):
-    """:class:`ActorCriticModule` with a :class:`~comlrl_lightning.config_ac.MAACConfig` (for YAML configs)."""
+    """:class:`ActorCriticModule` with a :class:`~comlrl_lightning.config.MAACConfig` (for YAML configs)."""
 
     def __init__(self, agent_model: str | None = TINY_MODEL_NAME, agents: Sequence[Any] | None = None,
                  tokenizer: Any = None, critic_model: Any = None, critics: Sequence[Any] | None = None,

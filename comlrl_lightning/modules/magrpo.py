@@ -34,7 +34,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.agents import AgentTeam, build_agents
 from comlrl_lightning.callbacks.logging_utils import log_metrics
-from comlrl_lightning.config_rl import MAGRPOConfig
+from comlrl_lightning.config import MAGRPOConfig
 from comlrl_lightning.data.tasks import format_prompts
 from comlrl_lightning.generation import SamplingSettings, SamplingStream, sample_completions
 from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
@@ -63,7 +63,7 @@ class MAGRPOModule(L.LightningModule):
         tokenizer: one tokenizer or one per agent (required with model objects).
         model_config: load kwargs (``dtype``, ``attn_implementation``, ``model_kwargs``, ``special_tokens``).
         lora: peft LoraConfig kwargs; one frozen base shared by all agents, one adapter per agent.
-        args: the :class:`~comlrl_lightning.config_rl.MAGRPOConfig` (or a subclass config).
+        args: the :class:`~comlrl_lightning.config.MAGRPOConfig` (or a subclass config).
         optimizer: optimizer factory per agent (default AdamW with ``agent_learning_rate``).
         lr_scheduler: optional scheduler factory per agent (stepped after each optimizer step).
 
