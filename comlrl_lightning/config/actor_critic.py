@@ -20,7 +20,12 @@ from comlrl_lightning.config.critic import (
     check_value_loss_coef,
     normalize_critic_type,
 )
-from comlrl_lightning.config.devices import DeviceOptions, device_count, normalize_parallel_training
+from comlrl_lightning.config.devices import (
+    DeviceOptions,
+    check_device_list,
+    device_count,
+    normalize_parallel_training,
+)
 from comlrl_lightning.config.reference_kl import ReferenceKLOptions, check_reference_devices, check_reference_kl_coef
 from comlrl_lightning.config.rollout import RolloutOptions, check_discount, check_early_termination_threshold
 from comlrl_lightning.config.sampling import (
@@ -74,7 +79,7 @@ class _ActorCriticOptions(SeedOptions, CriticOptions, ReferenceKLOptions, BatchO
                 "several completions per prompt.", self.num_generations, "1 when num_turns > 1")
         normalize_critic_type(self)
         normalize_parallel_training(self)
-        self._check_critic_devices()
+        self._check_devices()
         check_reference_kl_coef(self)
         check_reference_devices(self)
         check_early_termination_threshold(self)
@@ -83,20 +88,13 @@ class _ActorCriticOptions(SeedOptions, CriticOptions, ReferenceKLOptions, BatchO
         check_value_loss_coef(self)
         check_discount(self)
 
-    def _check_critic_devices(self) -> None:
+    def _check_devices(self) -> None:
         pt = self.parallel_training
         if pt == "mp" and self._separate_critics() and self.critic_devices is None:
             raise _bad("parallel_training='mp' requires explicit critic_devices.", self.critic_devices,
                        "a device string or a list of device strings")
-        for name, expected in (("agent_devices", self.num_agents), ("critic_devices", self._critic_count())):
-            count = device_count(getattr(self, name))
-            if pt != "mp" and count:
-                continue  # "none": the first entry is used, as upstream's resolve_single_device does
-            if count is not None and count not in (1, expected):
-                raise _bad(f"{name} length ({count}) must be 1 or {expected}.", getattr(self, name),
-                           f"a device string or a list of length 1 or {expected}")
-            if count == 0:
-                raise _bad(f"{name} must be a non-empty list or 'auto'.", getattr(self, name), "non-empty lists")
+        check_device_list(self, "agent_devices", self.num_agents)
+        check_device_list(self, "critic_devices", self._critic_count())
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-type dict of every option (for logging and checkpoints)."""

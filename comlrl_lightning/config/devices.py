@@ -38,3 +38,16 @@ def normalize_parallel_training(cfg: Any) -> None:
         raise _bad("parallel_training='mp' requires explicit agent_devices.", cfg.agent_devices,
                    "a device string or a list of length 1 or num_agents")
     cfg.parallel_training = pt
+
+
+def check_device_list(cfg: Any, name: str, expected: int) -> None:
+    """A device list in option ``name`` must be non-empty and, in "mp" mode, have 1 or ``expected`` entries (with
+    "none" the first entry is used, as upstream's resolve_single_device does)."""
+    count = device_count(getattr(cfg, name))
+    if count is None or (cfg.parallel_training != "mp" and count):
+        return
+    if count == 0:
+        raise _bad(f"{name} must be a non-empty list or 'auto'.", getattr(cfg, name), "non-empty lists")
+    if count not in (1, expected):
+        raise _bad(f"{name} length ({count}) must be 1 or {expected}.", getattr(cfg, name),
+                   f"a device string or a list of length 1 or {expected}")

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from comlrl_lightning.config.checks import _bad, check_counts, check_optional_count, check_positive, is_int
-from comlrl_lightning.config.devices import DeviceOptions, normalize_parallel_training
+from comlrl_lightning.config.devices import DeviceOptions, check_device_list, normalize_parallel_training
 from comlrl_lightning.config.iterative import _IterativePreferenceOptions
 from comlrl_lightning.config.reference_kl import ReferenceKLOptions, check_reference_kl_coef
 from comlrl_lightning.config.rollout import (
@@ -96,6 +96,7 @@ class MADPOConfig(OptimizerOptions, SeedOptions, PreferenceOptions, ReferenceKLO
         check_training_counts(self)
         check_train_batch_size(self)
         normalize_parallel_training(self)
+        check_device_list(self, "agent_devices", self.num_agents)
         check_reference_kl_coef(self)
         self._validate_reference_kl()
         if self.num_turns != 1:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from comlrl_lightning.config.devices import DeviceOptions, normalize_parallel_training
+from comlrl_lightning.config.devices import DeviceOptions, check_device_list, normalize_parallel_training
 from comlrl_lightning.config.reference_kl import ReferenceKLOptions, check_reference_devices, check_reference_kl_coef
 from comlrl_lightning.config.rollout import (
     AdvantageModeOptions,
@@ -50,6 +50,7 @@ class MAGRPOConfig(SeedOptions, ReferenceKLOptions, AdvantageModeOptions, BatchO
         check_train_batch_size(self)
         check_num_generations(self, 2, "num_generations must be >= 2 (group baseline requires multiple samples).")
         normalize_parallel_training(self)
+        check_device_list(self, "agent_devices", self.num_agents)
         normalize_joint_mode(self)
         check_advantage_mode(self)
         check_reference_kl_coef(self)
