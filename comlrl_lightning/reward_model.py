@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from comlrl_lightning.config import _bad
+from comlrl_lightning.config.checks import _bad
 
 JOINT_RESPONSE_HEADER = "Joint multi-agent response"
 

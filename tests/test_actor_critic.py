@@ -47,7 +47,7 @@ def test_config_rules(cls):
     assert cls(num_turns=2, num_generations=1).num_generations == 1
     assert cls(num_turns=1, num_generations=4).num_generations == 4
     assert cls(critic_type="Q").critic_type == "q"
-    bad = [({"critic_type": "x"}, "critic_type must be one of: 'v', 'q'. Got 'x'"),
+    bad = [({"critic_type": "x"}, "critic_type must be one of: v, q. Got 'x'"),
            ({"num_generations": 0}, "num_generations must be >= 1"),
            ({"rollout_buffer_size": 0}, "rollout_buffer_size must be >= 1"),
            ({"eval_interval": -1}, "eval_interval must be >= 0"),

@@ -34,7 +34,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
-from comlrl_lightning.config_ac import IACConfig, MAACConfig
+from comlrl_lightning.config import IACConfig, MAACConfig
 from comlrl_lightning.evaluation import with_turn_mean
 from comlrl_lightning.generation import SamplingStream, sample_completions
 from comlrl_lightning.logging_utils import log_metrics
@@ -60,8 +60,8 @@ class ActorCriticModule(TeamModuleBase):
         critic_model_name: a critic id used when ``critic_model`` and ``critics`` are absent (MARLHF's option).
         model_config: also ``critic_model_kwargs`` (critic load kwargs) and, for MAAC,
             ``critic_value_head_hidden_dim``.
-        args: an :class:`~comlrl_lightning.config_ac.IACConfig` (default) or
-            :class:`~comlrl_lightning.config_ac.MAACConfig`.
+        args: an :class:`~comlrl_lightning.config.IACConfig` (default) or
+            :class:`~comlrl_lightning.config.MAACConfig`.
         metrics_callback: optional ``f(rollouts) -> dict`` logged unprefixed after every item.
         optimizer: the actors' optimizer factory; the critics keep AdamW with ``critic_learning_rate``.
         lr_scheduler: steps after each actor step.
@@ -424,7 +424,7 @@ class ActorCriticModule(TeamModuleBase):
 
 
 class IACModule(ActorCriticModule):
-    """:class:`ActorCriticModule` with an :class:`~comlrl_lightning.config_ac.IACConfig` (for YAML configs)."""
+    """:class:`ActorCriticModule` with an :class:`~comlrl_lightning.config.IACConfig` (for YAML configs)."""
 
     def __init__(self, agent_model: str | None = TINY_MODEL_NAME, agents: Sequence[Any] | None = None,
                  tokenizer: Any = None, critic_model: Any = None, critics: Sequence[Any] | None = None,
@@ -436,7 +436,7 @@ class IACModule(ActorCriticModule):
 
 
 class MAACModule(ActorCriticModule):
-    """:class:`ActorCriticModule` with a :class:`~comlrl_lightning.config_ac.MAACConfig` (for YAML configs)."""
+    """:class:`ActorCriticModule` with a :class:`~comlrl_lightning.config.MAACConfig` (for YAML configs)."""
 
     def __init__(self, agent_model: str | None = TINY_MODEL_NAME, agents: Sequence[Any] | None = None,
                  tokenizer: Any = None, critic_model: Any = None, critics: Sequence[Any] | None = None,

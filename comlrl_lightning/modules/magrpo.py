@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from comlrl_lightning.config_rl import MAGRPOConfig
+from comlrl_lightning.config import MAGRPOConfig
 from comlrl_lightning.data.tasks import format_prompts
 from comlrl_lightning.evaluation import with_turn_mean
 from comlrl_lightning.generation import SamplingStream, sample_completions
@@ -58,7 +58,7 @@ class MAGRPOModule(TeamModuleBase):
     """MAGRPO / MAREINFORCE / MARLOO / MAReMax (``args.advantage_mode``) as one LightningModule.
 
     Args as :class:`~comlrl_lightning.modules.base.TeamModuleBase`, with ``args`` a
-    :class:`~comlrl_lightning.config_rl.MAGRPOConfig` (or a subclass config); an agent's scheduler steps
+    :class:`~comlrl_lightning.config.MAGRPOConfig` (or a subclass config); an agent's scheduler steps
     after each of its optimizer steps.
 
     The task (items, formatters, reward, transition) comes from the datamodule

@@ -2,7 +2,7 @@
 
 * :class:`MARLHFModule`: the MAGRPO family (``rl_algorithm`` magrpo / mareinforce / marloo / maremax; the
   config has already forced ``advantage_mode``), i.e. :class:`~comlrl_lightning.modules.magrpo.MAGRPOModule`
-  driven by a :class:`~comlrl_lightning.config_marlhf.MARLHFConfig`.
+  driven by a :class:`~comlrl_lightning.config.MARLHFConfig`.
 * :class:`MARLHFActorCriticModule`: ``rl_algorithm`` iac / maac, i.e.
   :class:`~comlrl_lightning.modules.actor_critic.ActorCriticModule` with the IAC/MAAC config MARLHF forwards
   (§9.2). ``module.args`` reads the backend's options first, then MARLHF's (so the round callbacks find
@@ -24,7 +24,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info
 
-from comlrl_lightning.config_marlhf import MAGRPO_FAMILY, MARLHFConfig, MARLHFIterConfig
+from comlrl_lightning.config import MAGRPO_FAMILY, MARLHFConfig, MARLHFIterConfig
 from comlrl_lightning.modules.actor_critic import ActorCriticModule
 from comlrl_lightning.modules.magrpo import MAGRPOModule
 from comlrl_lightning.tiny import TINY_MODEL_NAME
@@ -92,8 +92,8 @@ class MARLHFModule(_SkipWithoutLearnedReward, MAGRPOModule):
     """The MAGRPO-family RL stage of MARLHF (``rl_algorithm`` magrpo, mareinforce, maremax or marloo).
 
     Args as :class:`~comlrl_lightning.modules.magrpo.MAGRPOModule`, with ``args`` a
-    :class:`~comlrl_lightning.config_marlhf.MARLHFConfig` or
-    :class:`~comlrl_lightning.config_marlhf.MARLHFIterConfig`. The reward-model callback needs the agents'
+    :class:`~comlrl_lightning.config.MARLHFConfig` or
+    :class:`~comlrl_lightning.config.MARLHFIterConfig`. The reward-model callback needs the agents'
     source for its default backbone: ``reward_source`` is the agents' model name when it is a string.
     """
 

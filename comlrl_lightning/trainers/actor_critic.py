@@ -14,7 +14,7 @@ import lightning as L
 from torch import nn
 
 from comlrl_lightning.callbacks import TaskRewardEvaluation
-from comlrl_lightning.config_ac import IACConfig, MAACConfig
+from comlrl_lightning.config import IACConfig, MAACConfig
 from comlrl_lightning.data.tasks_dm import TaskDataModule
 from comlrl_lightning.modules.actor_critic import ActorCriticModule
 from comlrl_lightning.trainers.base import TeamTrainer
@@ -78,7 +78,7 @@ class IACTrainer(_ActorCriticTrainer):
     """Independent actor-critic: one critic per agent (separate critic LMs, or value heads on the actors).
 
     Args follow CoMLRL (§8.1): ``agent_model``, ``critic_model``, ``tokenizer``, ``reward_func``,
-    ``reward_processor``, ``formatters``, ``args`` (:class:`~comlrl_lightning.config_ac.IACConfig`),
+    ``reward_processor``, ``formatters``, ``args`` (:class:`~comlrl_lightning.config.IACConfig`),
     ``train_dataset``, ``eval_dataset``, ``model_config``, ``wandb_config``, ``metrics_callback``,
     ``external_transition``, ``agents``, ``critics``; plus ``critic_model_name``, ``lora``, extra ``callbacks``
     and ``trainer_kwargs`` for ``lightning.Trainer``. The critic defaults to the agents' source when it is a
@@ -92,7 +92,7 @@ class IACTrainer(_ActorCriticTrainer):
 class MAACTrainer(_ActorCriticTrainer):
     """Multi-agent actor-critic with one centralised critic over the joint prompts (and joint action for Q).
 
-    Same arguments as :class:`IACTrainer`, with ``args`` a :class:`~comlrl_lightning.config_ac.MAACConfig` and
+    Same arguments as :class:`IACTrainer`, with ``args`` a :class:`~comlrl_lightning.config.MAACConfig` and
     exactly one critic (``critic_model``, ``critics=[one]``, or the agents' string source).
     """
 

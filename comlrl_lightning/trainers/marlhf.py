@@ -33,7 +33,7 @@ from comlrl_lightning.callbacks import (
     ScoredPreferenceCollection,
     TaskRewardEvaluation,
 )
-from comlrl_lightning.config_marlhf import MARLHFConfig, MARLHFIterConfig
+from comlrl_lightning.config import MARLHFConfig, MARLHFIterConfig
 from comlrl_lightning.modules.marlhf import build_marlhf_module, default_reward_source
 from comlrl_lightning.trainers.base import TeamTrainer
 
@@ -53,7 +53,7 @@ class MARLHFTrainer(TeamTrainer):
 
     Args mirror CoMLRL's (spec §2.7): ``agent_model`` or ``agents``, ``num_agents``, ``tokenizer``,
     ``model_config``, ``train_dataset``, ``eval_dataset``, ``reward_func``, ``reward_processor``,
-    ``formatters``, ``args`` (:class:`~comlrl_lightning.config_marlhf.MARLHFConfig`); keyword-only
+    ``formatters``, ``args`` (:class:`~comlrl_lightning.config.MARLHFConfig`); keyword-only
     ``metrics_callback``, ``critic_model`` and ``critics`` (maac/iac only). Ours: ``reward_model`` (a
     JointRewardModel template, e.g. over a model object; a fresh copy is trained), ``reward_val_fraction``
     (hold out pairs to report the reward model's held-out accuracy), ``lora``, ``evaluation``, extra
@@ -129,7 +129,7 @@ class MARLHFIterTrainer(MARLHFTrainer):
     """Iterative MARLHF (spec §10): ``num_iterations`` rounds of current-vs-comparator pairs → a freshly
     initialised reward model fitted on the round's (replay-selected) pairs → ``num_train_epochs`` RL epochs.
 
-    Args as :class:`MARLHFTrainer` with ``args`` a :class:`~comlrl_lightning.config_marlhf.MARLHFIterConfig`,
+    Args as :class:`MARLHFTrainer` with ``args`` a :class:`~comlrl_lightning.config.MARLHFIterConfig`,
     plus ``comparator`` (overrides the source built from ``args.comparator_policy``) and
     ``centralized_comparator_adapter``. ``preference_scoring_reward="reward_model"`` scores round t ≥ 1's
     comparisons with round t−1's reward model (round 0: the task reward).

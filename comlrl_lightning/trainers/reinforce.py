@@ -13,7 +13,7 @@ from typing import Any
 import lightning as L
 
 from comlrl_lightning.callbacks import TaskRewardEvaluation
-from comlrl_lightning.config_rl import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
+from comlrl_lightning.config import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
 from comlrl_lightning.data.tasks_dm import TaskDataModule
 from comlrl_lightning.modules.magrpo import MAGRPOModule, check_transition
 from comlrl_lightning.trainers.base import TeamTrainer

@@ -1,0 +1,67 @@
+"""Dataclass configs with the option names of the spec (CoMLRL 1.4.3 public API).
+
+Every public config is a flat dataclass composed from small option groups (``training``, ``sampling``,
+``rollout``, ``devices``, ``reference_kl``, ``critic``, ``iterative``); each option's rule and message live
+once, in the group that declares the option. Every option is validated when the object is built
+(``__post_init__``); a bad value raises ``ValueError`` whose message starts with upstream's sentence (so code
+written against CoMLRL keeps matching) and adds the value given and what is allowed.
+"""
+
+from comlrl_lightning.config.actor_critic import IACConfig, MAACConfig, _ActorCriticOptions
+from comlrl_lightning.config.checks import _bad, _normalize_choice, check_counts, is_int, is_number
+from comlrl_lightning.config.devices import device_count, normalize_parallel_training
+from comlrl_lightning.config.iterative import (
+    API_FORMAT_ALIASES,
+    COMPARATOR_POLICY_ALIASES,
+    GENERATION_MODE_ALIASES,
+    REPLAY_MODE_ALIASES,
+    _IterativePreferenceOptions,
+)
+from comlrl_lightning.config.marlhf import (
+    MAGRPO_FAMILY,
+    RL_ALGORITHM_ALIASES,
+    RL_ALGORITHMS,
+    SCORING_REWARD_ALIASES,
+    MARLHFConfig,
+    MARLHFIterConfig,
+)
+from comlrl_lightning.config.preference import MADPOConfig, MADPOIterConfig
+from comlrl_lightning.config.reference_kl import check_reference_devices
+from comlrl_lightning.config.rl import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
+from comlrl_lightning.config.sampling import JOINT_MODE_ALIASES, check_sampling
+from comlrl_lightning.config.secrets import _SECRET_HEADER_WORDS, redact_secrets
+
+__all__ = [
+    "API_FORMAT_ALIASES",
+    "COMPARATOR_POLICY_ALIASES",
+    "GENERATION_MODE_ALIASES",
+    "IACConfig",
+    "JOINT_MODE_ALIASES",
+    "MAACConfig",
+    "MADPOConfig",
+    "MADPOIterConfig",
+    "MAGRPOConfig",
+    "MAGRPO_FAMILY",
+    "MAREINFORCEConfig",
+    "MARLHFConfig",
+    "MARLHFIterConfig",
+    "MARLOOConfig",
+    "MAReMaxConfig",
+    "REPLAY_MODE_ALIASES",
+    "RL_ALGORITHMS",
+    "RL_ALGORITHM_ALIASES",
+    "SCORING_REWARD_ALIASES",
+    "_ActorCriticOptions",
+    "_IterativePreferenceOptions",
+    "_SECRET_HEADER_WORDS",
+    "_bad",
+    "_normalize_choice",
+    "check_counts",
+    "check_reference_devices",
+    "check_sampling",
+    "device_count",
+    "is_int",
+    "is_number",
+    "normalize_parallel_training",
+    "redact_secrets",
+]

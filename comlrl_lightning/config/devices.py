@@ -1,0 +1,53 @@
+"""Device options of the agents: ``parallel_training`` and ``agent_devices`` (devices default to the Lightning
+accelerator in use)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from comlrl_lightning.config.checks import _bad
+
+
+@dataclass
+class DeviceOptions:
+    """Where the agents live."""
+
+    parallel_training: str = "none"
+    """"none" or "mp" ("null" = "none"; case-insensitive). "mp" is accepted for compatibility: placement follows
+    the Lightning accelerator."""
+    agent_devices: Any = None
+    """Device spec of the agents: None (the Lightning accelerator), a string, or a list of length 1 or N;
+    required with parallel_training="mp"."""
+
+
+def device_count(spec: Any) -> int | None:
+    """Entries of a device spec: None for None/"auto"/a single string (any count), else the list length."""
+    if spec is None or isinstance(spec, str):
+        return None
+    return len(list(spec))
+
+
+def normalize_parallel_training(cfg: Any) -> None:
+    """``parallel_training``: lowercased, "null" → "none", only none/mp; "mp" needs ``agent_devices``."""
+    pt = "none" if cfg.parallel_training is None else str(cfg.parallel_training).strip().lower()
+    pt = "none" if pt == "null" else pt
+    if pt not in ("none", "mp"):
+        raise _bad("parallel_training only supports: none, mp.", cfg.parallel_training, "none, mp")
+    if pt == "mp" and cfg.agent_devices is None:
+        raise _bad("parallel_training='mp' requires explicit agent_devices.", cfg.agent_devices,
+                   "a device string or a list of length 1 or num_agents")
+    cfg.parallel_training = pt
+
+
+def check_device_list(cfg: Any, name: str, expected: int) -> None:
+    """A device list in option ``name`` must be non-empty and, in "mp" mode, have 1 or ``expected`` entries (with
+    "none" the first entry is used, as upstream's resolve_single_device does)."""
+    count = device_count(getattr(cfg, name))
+    if count is None or (cfg.parallel_training != "mp" and count):
+        return
+    if count == 0:
+        raise _bad(f"{name} must be a non-empty list or 'auto'.", getattr(cfg, name), "non-empty lists")
+    if count not in (1, expected):
+        raise _bad(f"{name} length ({count}) must be 1 or {expected}.", getattr(cfg, name),
+                   f"a device string or a list of length 1 or {expected}")

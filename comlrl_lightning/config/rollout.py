@@ -1,0 +1,59 @@
+"""Episode options: turns, discount, early termination, prompt passthrough, and the advantage baseline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from comlrl_lightning.config.checks import _bad, is_number
+from comlrl_lightning.losses import ADVANTAGE_MODES
+
+
+@dataclass
+class RolloutOptions:
+    """How an episode unfolds over turns."""
+
+    num_turns: int = 1
+    """Turns per episode (tree depth for MAGRPO); above 1 an external transition is required. Preference
+    trainers support 1 only."""
+    discount: float = 1.0
+    """Discount in [0, 1]: the actor-critic TD target's gamma; unused by MAGRPO (undiscounted returns, as
+    upstream 1.4.3) and forwarded to the RL stage by MARLHF."""
+    early_termination_threshold: float | None = None
+    """A branch or episode stops after a turn whose mean immediate reward is > this. None = off."""
+    external_prompt_passthrough: bool = False
+    """Multi-turn: use the transition's strings as prompts as they are, with no formatter."""
+
+
+@dataclass
+class AdvantageModeOptions:
+    """Baseline of the MAGRPO family."""
+
+    advantage_mode: str = "mean"
+    """Baseline: mean (MAGRPO), raw (MAREINFORCE), rloo (MARLOO) or max (MAReMax). Case-insensitive."""
+
+
+def check_discount(cfg: Any) -> None:
+    """``discount`` must be a number in [0, 1]."""
+    if not is_number(cfg.discount) or not 0 <= cfg.discount <= 1:
+        raise _bad("discount must be in [0, 1].", cfg.discount, "numbers in [0, 1]")
+
+
+def check_early_termination_threshold(cfg: Any) -> None:
+    """``early_termination_threshold``: None, or anything ``float()`` accepts (stored as a float)."""
+    if cfg.early_termination_threshold is None:
+        return
+    try:
+        cfg.early_termination_threshold = float(cfg.early_termination_threshold)
+    except (TypeError, ValueError):
+        raise _bad("early_termination_threshold must be a number or null.", cfg.early_termination_threshold,
+                   "numbers or null") from None
+
+
+def check_advantage_mode(cfg: Any) -> None:
+    """``advantage_mode``: stripped and lowercased (None = "mean"); one of mean, raw, max, rloo."""
+    mode = "mean" if cfg.advantage_mode is None else str(cfg.advantage_mode).strip().lower()
+    if mode not in ADVANTAGE_MODES:
+        raise _bad("advantage_mode must be one of: mean, raw, max, rloo.", cfg.advantage_mode,
+                   ", ".join(ADVANTAGE_MODES))
+    cfg.advantage_mode = mode

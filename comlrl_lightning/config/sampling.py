@@ -1,0 +1,68 @@
+"""Generation options: sampling settings, samples per prompt, and how agents' samples form joint actions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from comlrl_lightning.config.checks import _bad, _normalize_choice, is_int, is_number
+
+JOINT_MODE_ALIASES = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
+
+
+@dataclass
+class SamplingOptions:
+    """Settings passed to ``generate`` for training and evaluation."""
+
+    max_new_tokens: int = 256
+    """Generation length in tokens (also the API comparator's max tokens)."""
+    temperature: float = 0.6
+    """Sampling temperature for generation and evaluation."""
+    top_p: float = 0.6
+    """Nucleus sampling threshold."""
+    top_k: int | None = 50
+    """Top-k sampling; None leaves it out of ``generate``."""
+
+
+@dataclass
+class NumGenerationsOptions:
+    """Samples per agent per prompt (RL trainers)."""
+
+    num_generations: int = 4
+    """Samples per agent per prompt or tree node (the MAGRPO family's group baseline needs >= 2)."""
+
+
+@dataclass
+class JointModeOptions:
+    """How the agents' samples are combined into joint actions."""
+
+    joint_mode: str = "aligned"
+    """"aligned" ("align"): K joint actions, sample k of every agent together; "cross" ("crossed"): all K^N
+    combinations. Preference trainers support "aligned" only."""
+
+
+def check_sampling(cfg: Any) -> None:
+    """Generation settings: max_new_tokens >= 1, temperature > 0, top_p in (0, 1], top_k >= 1 or None."""
+    if not is_int(cfg.max_new_tokens) or cfg.max_new_tokens < 1:
+        raise _bad("max_new_tokens must be >= 1.", cfg.max_new_tokens, "integers >= 1")
+    if not is_number(cfg.temperature) or not cfg.temperature > 0:
+        raise _bad("temperature must be > 0.", cfg.temperature, "numbers > 0")
+    if not is_number(cfg.top_p) or not 0 < cfg.top_p <= 1:
+        raise _bad("top_p must be in (0, 1].", cfg.top_p, "numbers in (0, 1]")
+    if cfg.top_k is not None and (not is_int(cfg.top_k) or cfg.top_k < 1):
+        raise _bad("top_k must be >= 1 or null.", cfg.top_k, "integers >= 1 or null")
+
+
+def check_num_generations(cfg: Any, minimum: int, message: str | None = None) -> None:
+    """``num_generations`` must be an integer >= ``minimum``; ``message`` replaces the default sentence."""
+    value = cfg.num_generations
+    if not is_int(value) or value < minimum:
+        allowed = f"integers >= {minimum}" + (" (the group baseline needs several samples)" if minimum > 1 else "")
+        raise _bad(message or f"num_generations must be >= {minimum}.", value, allowed)
+
+
+def normalize_joint_mode(cfg: Any) -> str:
+    """``joint_mode`` through :data:`JOINT_MODE_ALIASES` (None = "aligned"); stores and returns it."""
+    cfg.joint_mode = _normalize_choice("joint_mode", cfg.joint_mode, JOINT_MODE_ALIASES, "aligned",
+                                       "joint_mode must be one of: aligned, cross.")
+    return cfg.joint_mode
