@@ -11,11 +11,12 @@ every agent with:
                 Trainer/logging overhead enters any variant.
   (b) floor     per agent a bare forward + token cross-entropy on the same scored tokens + backward +
                 AdamW step: what any LM training step over these tokens costs, no MADPO math.
-  (c) two-pass  spec preference.md §7.1 literally, batched: a no-grad forward per agent for all margins,
+  (c) two-pass  docs/preference.md §7.1 literally, batched: a no-grad forward per agent for all margins,
                 then per agent a graded forward, ``madpo_loss_detached_others``, backward, step. This is
                 the module's own ``_sequential_step`` (its shared-parameter path), with
                 ``manual_backward`` replaced by ``loss.backward()``.
-  (d) unbatched upstream's cost model (§7.1 "4 single-sequence forwards per agent per pair"): the two-pass
+  (d) unbatched upstream's cost model (docs/preference.md §7.1 "4 single-sequence forwards per agent per pair"): the
+  two-pass
                 formulation with one forward per row.
 
 A fifth line, ``no-grad fwd``, times only the no-grad forward of every agent (the work the two-pass adds):

@@ -4,7 +4,7 @@ Runs before every ``eval_interval``-th update (update 0 included, as upstream) a
 training. Logs ``eval/reward_mean``, ``eval/turn_{t}/reward_mean``, ``eval/turn_{t}/expected_return`` and,
 single-turn, ``eval/agent{i}/completions/mean_length`` (characters). What an evaluation samples is the
 module's business (``pl_module.evaluate``, the ``TeamModule`` protocol): multi-turn modules roll out every
-turn on single sampled paths (spec multiturn.md §10.2).
+turn on single sampled paths (docs/multiturn.md §10.2).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""HistoryCheckpoint: per-round policy snapshots (spec §3.9).
+"""HistoryCheckpoint: per-round policy snapshots (docs/preference.md §3.9).
 
 ``<dir>/initial/agent_{i}/`` when training starts and ``<dir>/iteration_{t:04d}/agent_{i}/`` after round t
 (0-based, rounds that trained nothing included). Each ``agent_i`` holds an HF ``save_pretrained`` model and

@@ -1,6 +1,6 @@
 """Reward-model callbacks of MARLHF: fit a JointRewardModel on preference pairs and make it the RL reward.
 
-* :class:`LearnedRewardFit` (offline MARLHF, spec §10): at fit start, collect pairs once with the task
+* :class:`LearnedRewardFit` (offline MARLHF, docs/preference.md §10): at fit start, collect pairs once with the task
   reward (:func:`~comlrl_lightning.preferences.collect_offline_pairs`), fit the reward model
   (:func:`~comlrl_lightning.modules.reward_model.fit_reward_model`, a nested ``Trainer.fit``), and set
   the module's training reward (``use_train_oracle``) to a
@@ -16,7 +16,8 @@
 Reward-model source: the ``reward_model`` argument (a JointRewardModel used as a template: every fit gets a
 :meth:`~comlrl_lightning.modules.reward_model.JointRewardModel.fresh` copy, the template itself is never
 trained), else ``args.reward_model_name``, else the agents' model name (``pl_module.reward_source``).
-Device: ``args.reward_model_device``, else the module's device (the Lightning accelerator, decision 7).
+Device: ``args.reward_model_device``, else the module's device (the Lightning accelerator,
+docs/decisions.md, decision 7).
 
 Logs ``train/reward_model/{loss,accuracy,margin}`` (last step), ``val/reward_model/...`` with held-out pairs
 (``val_fraction``), ``reward_model/num_pairs`` and ``reward_model/fits``.

@@ -1,4 +1,4 @@
-"""ReplaySelection: write each round's replay file and pick the round's training pairs (spec §4.1).
+"""ReplaySelection: write each round's replay file and pick the round's training pairs (docs/preference.md §4.1).
 
 Right after IterativePreferenceCollection has handed a round's pairs to the data module, this calls
 ``datamodule.commit_round(mode, sample_size, k, lam)``: the round is written as

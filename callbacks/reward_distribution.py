@@ -1,4 +1,4 @@
-"""RewardDistributionLogger: per-round histograms of raw rewards (spec preference.md §3.8).
+"""RewardDistributionLogger: per-round histograms of raw rewards (docs/preference.md §3.8).
 
 After a round's pairs are collected and its training pairs selected, writes
 ``<dir>/iteration_{I:04d}.json`` (I = round + 1) with the "candidate" distribution (raw rewards of every

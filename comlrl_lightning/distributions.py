@@ -1,4 +1,4 @@
-"""Reward-distribution histograms of the iterative trainers (spec preference.md §3.8): pure functions.
+"""Reward-distribution histograms of the iterative trainers (docs/preference.md §3.8): pure functions.
 
 Bins are equal-width over the declared raw reward range [lo, hi] of ``reward_func.reward_range``; values are
 clipped into [lo, hi], the last bin is closed (hi counts), non-finite values are dropped.
@@ -123,7 +123,8 @@ def svg_chart(record: dict[str, Any], kind: str, style: str) -> str:
 
 
 def round_metrics(record: dict[str, Any], kind: str, pair_count: int | None = None) -> dict[str, float]:
-    """Scalar keys of spec §3.8 for namespace ``iter/reward_distribution`` or ``iter/selected_reward_distribution``."""
+    """Scalar keys of docs/preference.md §3.8 for namespace ``iter/reward_distribution`` or
+    ``iter/selected_reward_distribution``."""
     ns = "iter/reward_distribution" if kind == "candidate" else "iter/selected_reward_distribution"
     out = {f"{ns}/current_iteration": float(record["iteration"])}
     for s in ("target", "comparator"):

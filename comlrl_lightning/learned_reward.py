@@ -1,10 +1,10 @@
-"""LearnedRewardOracle: a fitted JointRewardModel behind the task-reward oracle interface (spec §8.4–8.5).
+"""LearnedRewardOracle: a fitted JointRewardModel behind the task-reward oracle interface (docs/preference.md §8.4–8.5).
 
 MARLHF's RL stage, and MARLHFIter's comparisons with ``preference_scoring_reward="reward_model"``, score
 joint responses with the reward model instead of the task reward. The scalar is used as both the
 processed and the raw value; no ``reward_processor`` is applied (upstream). Scoring prompts are the
-formatters' prompts of the task item (§8.1: ``formatters[i](item)``), so they match the prompts the
-pairs were built with for deterministic formatters (§14.26).
+formatters' prompts of the task item (docs/preference.md §8.1: ``formatters[i](item)``), so they match the prompts the
+pairs were built with for deterministic formatters (docs/preference.md §8.1).
 
 Two call styles, one per RL backend family:
 
@@ -46,7 +46,7 @@ class LearnedRewardOracle:
         self.reward_func = self._reward_func
 
     def prompts_for(self, item: dict | None, prompts: Sequence[str] | None, num_agents: int) -> list[str]:
-        """Per-agent scoring prompts: the formatters applied to ``item`` (§8.1), else ``prompts``."""
+        """Per-agent scoring prompts: the formatters applied to ``item`` (docs/preference.md §8.1), else ``prompts``."""
         if self.formatters is not None and item is not None:
             return [f(item) for f in self.formatters]
         if item is None and self.formatters is not None:

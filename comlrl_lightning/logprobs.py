@@ -1,7 +1,7 @@
 """Masked sequence log-probs: the spec's token rules live here, once.
 
-Decentralized MADPO scoring (spec preference.md §7.2, decision 3): the completion is trimmed at its first
-pad token, and its **last** token is not scored (when pad != eos that is the EOS; for re-tokenized text it
+Decentralized MADPO scoring (docs/preference.md §7.2, docs/decisions.md, decision 3): the completion is trimmed at its
+first pad token, and its **last** token is not scored (when pad != eos that is the EOS; for re-tokenized text it
 is the last content token). Every other completion token t_k is scored by log p(t_k | prompt, t_<k);
 prompt and padding positions never count.
 
@@ -25,7 +25,8 @@ def trim_at_pad(ids: Sequence[int], pad_id: int | None) -> list[int]:
 
 
 def trim_completion(ids: Sequence[int], eos_id: int | None, pad_id: int | None) -> list[int]:
-    """Policy-gradient completion tokens (decision 4): up to (excluding) the first pad and up to (including)
+    """Policy-gradient completion tokens (docs/decisions.md, decision 4): up to (excluding) the first pad and up to
+    (including)
     the first EOS; nothing after the first EOS counts. When pad == eos the EOS goes with the padding."""
     ids = trim_at_pad(ids, pad_id)
     if eos_id is not None and eos_id in ids:

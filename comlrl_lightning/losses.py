@@ -2,9 +2,9 @@
 
 Nothing here knows about models, trainers, devices or I/O. Every function takes tensors and returns
 tensors; losses are returned per example (the caller reduces) unless the spec defines the reduction,
-and statistics are returned detached. Spec references: preference.md §7.1 (MADPO), §8.3 (reward
-model), multiturn.md §2.5-2.8 (returns, advantages, policy-gradient loss), §3 (baselines), §4.3-4.4
-(actor-critic), §9 (reference KL).
+and statistics are returned detached. Spec references: docs/preference.md §7.1 (MADPO), docs/preference.md §8.3 (reward
+model), docs/multiturn.md §2.5-2.8 (returns, advantages, policy-gradient loss), docs/multiturn.md §3 (baselines),
+docs/multiturn.md §4.3-4.4 (actor-critic), docs/multiturn.md §9 (reference KL).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from torch import Tensor
 
 AdvantageMode = Literal["mean", "raw", "rloo", "max"]
 ADVANTAGE_MODES: tuple[str, ...] = ("mean", "raw", "max", "rloo")
-ADVANTAGE_EPS = 1e-6  # floor of the std in advantage normalisation (multiturn.md §2.7, §4.4)
+ADVANTAGE_EPS = 1e-6  # floor of the std in advantage normalisation (docs/multiturn.md §2.7, §4.4)
 
 
 # --------------------------------------------------------------------------------------------------
-# MADPO (preference.md §7.1)
+# MADPO (docs/preference.md §7.1)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -46,7 +46,7 @@ def _check_pair_logps(winner_logps: Tensor, loser_logps: Tensor, beta: float) ->
 
 
 def madpo_loss(winner_logps: Tensor, loser_logps: Tensor, beta: float) -> tuple[Tensor, dict[str, Tensor]]:
-    """Reference-free joint DPO loss of a team of agents (preference.md §7.1).
+    """Reference-free joint DPO loss of a team of agents (docs/preference.md §7.1).
 
     For pair b and agent i, with summed sequence log-probs w_ib = log π_i(winner_i | x_i) and
     l_ib = log π_i(loser_i | x_i)::
@@ -87,7 +87,7 @@ def madpo_loss(winner_logps: Tensor, loser_logps: Tensor, beta: float) -> tuple[
 def madpo_loss_detached_others(
     winner_logps: Tensor, loser_logps: Tensor, beta: float, agent_index: int
 ) -> Tensor:
-    """The spec's per-agent MADPO loss, other agents' margins detached (preference.md §7.1).
+    """The spec's per-agent MADPO loss, other agents' margins detached (docs/preference.md §7.1).
 
     ``loss_i = mean_b −log σ(β · (Δ_ib + Σ_{k≠i} stopgrad(Δ_kb)))`` with Δ_kb = w_kb − l_kb.
 
@@ -114,7 +114,7 @@ def madpo_loss_detached_others(
 
 
 # --------------------------------------------------------------------------------------------------
-# Joint reward model (preference.md §8.3)
+# Joint reward model (docs/preference.md §8.3)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -152,7 +152,7 @@ def bradley_terry_stats(chosen_rewards: Tensor, rejected_rewards: Tensor) -> dic
 
 
 # --------------------------------------------------------------------------------------------------
-# REINFORCE-family advantages (multiturn.md §2.7, §3)
+# REINFORCE-family advantages (docs/multiturn.md §2.7, §3)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -182,7 +182,7 @@ def group_advantages(
 ) -> Tensor:
     """Advantages of one sibling group of K returns G'_1..G'_K (one agent, one node).
 
-    ``advantage_mode`` (multiturn.md §3)::
+    ``advantage_mode`` (docs/multiturn.md §3)::
 
         mean: A_k = G'_k − (1/K) Σ_l G'_l                         (MAGRPO)
         raw:  A_k = G'_k                                          (MAREINFORCE)
@@ -191,7 +191,7 @@ def group_advantages(
 
     Then, if ``normalize`` (``advantage_normalization``) and K > 1:
     ``Â = (A − mean(A)) / max(std_pop(A), eps)`` (see :func:`normalize_advantages`). With
-    normalisation on, the four modes give identical advantages (spec §3).
+    normalisation on, the four modes give identical advantages (docs/multiturn.md §3).
 
     Args:
         returns: ``[K]`` returns of the group, already KL-shaped if the reference KL is on.
@@ -226,7 +226,7 @@ def group_advantages(
 
 
 def kl_penalized_returns(returns: Tensor, kls: Tensor | Sequence[float] | None, coef: float) -> Tensor:
-    """Reference-KL shaping of returns or rewards: ``G'_k = G_k − coef · KL_k`` (multiturn.md §2.7, §9).
+    """Reference-KL shaping of returns or rewards: ``G'_k = G_k − coef · KL_k`` (docs/multiturn.md §2.7, §9).
 
     Missing KL entries (``kls`` shorter than ``returns``, or None) count as 0, as upstream does.
 
@@ -246,7 +246,7 @@ def kl_penalized_returns(returns: Tensor, kls: Tensor | Sequence[float] | None, 
 
 
 # --------------------------------------------------------------------------------------------------
-# Tree returns (multiturn.md §2.5)
+# Tree returns (docs/multiturn.md §2.5)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -271,7 +271,7 @@ def node_return(
 
 
 # --------------------------------------------------------------------------------------------------
-# Actor-critic (multiturn.md §4.3-4.4)
+# Actor-critic (docs/multiturn.md §4.3-4.4)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -327,7 +327,7 @@ def td_advantages(
 ) -> Tensor:
     """Actor-critic advantages ``A = y − V_old``, optionally z-normalised over all given samples.
 
-    The normalisation group is every sample of one agent and one turn in a drain (multiturn.md §4.4),
+    The normalisation group is every sample of one agent and one turn in a drain (docs/multiturn.md §4.4),
     so pass exactly that group when ``normalize`` is set (``advantage_normalization``); a group of
     one sample is left unnormalised.
 
@@ -355,7 +355,7 @@ def value_loss(
     With ``clip_range`` ε (``value_clip_range``; upstream applies it only to IAC value heads attached to
     the actor): ``coef · max((y − V)², (y − V_clip)²)`` with ``V_clip = V_old + clip(V − V_old, −ε, ε)``.
     The trainer's critic loss is ``value_loss(...).mean()``; with ``coef = value_loss_coef`` that is
-    the spec's ``value_loss_coef · mean(...)`` (multiturn.md §4.4).
+    the spec's ``value_loss_coef · mean(...)`` (docs/multiturn.md §4.4).
 
     Args:
         values: ``[batch]`` current critic values V, with grad.
@@ -385,7 +385,7 @@ def value_loss(
 
 
 # --------------------------------------------------------------------------------------------------
-# Policy gradient and reference KL (multiturn.md §2.8, §9; preference.md §8.6)
+# Policy gradient and reference KL (docs/multiturn.md §2.8, §9; docs/preference.md §8.6)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -402,7 +402,7 @@ def k3_kl(logps: Tensor, ref_logps: Tensor, mask: Tensor) -> Tensor:
     """Schulman's k3 estimate of KL(π ‖ π_ref), summed over each sequence's completion tokens.
 
     Per token, with δ_t = log π_ref(y_t) − log π(y_t): ``kl_t = exp(δ_t) − δ_t − 1`` (≥ 0, 0 iff
-    δ_t = 0). Sequence KL = ``Σ_t mask_t · kl_t``, a sum, not a mean (multiturn.md §9). Computed as
+    δ_t = 0). Sequence KL = ``Σ_t mask_t · kl_t``, a sum, not a mean (docs/multiturn.md §9). Computed as
     ``expm1(δ) − δ`` so small δ never rounds below zero; masked positions contribute exactly 0 even
     if they hold garbage (inf/NaN) log-probs.
 
@@ -424,11 +424,11 @@ def k3_kl(logps: Tensor, ref_logps: Tensor, mask: Tensor) -> Tensor:
 def policy_gradient_loss(token_logps: Tensor, mask: Tensor, advantages: Tensor) -> Tensor:
     """REINFORCE loss of one node group (or one actor-critic minibatch) of one agent.
 
-    ``L = (1/K') Σ_k −Â_k · Σ_t mask_kt · log π(y_kt | x, y_k,<t)`` (multiturn.md §2.8): the **sum**
+    ``L = (1/K') Σ_k −Â_k · Σ_t mask_kt · log π(y_kt | x, y_k,<t)`` (docs/multiturn.md §2.8): the **sum**
     of token log-probs per sequence (no length normalisation), the **mean** over the K' sequences that
     have at least one scored token (empty completions are skipped). ``mask`` excludes padding after
-    EOS (decision 4). The same formula is the actor-critic actor loss, a mean over the minibatch of
-    −Â · log π(response) (§4.4). Advantages are treated as constants.
+    EOS (docs/decisions.md, decision 4). The same formula is the actor-critic actor loss, a mean over the minibatch of
+    −Â · log π(response) (docs/multiturn.md §4.4). Advantages are treated as constants.
 
     Args:
         token_logps: ``[K, T]`` log-probs of the completion tokens, with grad.

@@ -40,7 +40,7 @@ class PreferencePair:
     loser_token_ids: list[list[int]] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The record of spec §3.7: every key present, plain JSON types."""
+        """The record of docs/preference.md §3.7: every key present, plain JSON types."""
         return {
             "prompts": list(self.prompts),
             "winner_completions": list(self.winner_completions),
@@ -87,7 +87,7 @@ class PreferencePair:
 def select_offline_pairs(
     rewards: Sequence[float], pair_selection: str, limit: int | None, rng: random.Random | None = None
 ) -> list[tuple[int, int]]:
-    """Pairs (winner, loser) of candidate indices for one item (spec §3.4).
+    """Pairs (winner, loser) of candidate indices for one item (docs/preference.md §3.4).
 
     Candidates: every ordered (i, j) with r_i - r_j > 0. ``reward_gap``: stable sort by gap descending
     (ties keep i, then j ascending), first ``limit``. ``random``: shuffled with ``rng``, first ``limit``.
@@ -113,7 +113,7 @@ def select_iterative_pairs(
     current: Sequence[float], comparator: Sequence[float], pair_selection: str, limit: int | None,
     rng: random.Random | None = None,
 ) -> list[tuple[int, str]]:
-    """Index-aligned current-vs-comparator comparisons for one item (spec §3.5).
+    """Index-aligned current-vs-comparator comparisons for one item (docs/preference.md §3.5).
 
     For j < min(N, M), compare c_j with p_j; equal values are skipped; the higher side wins. Returns
     (j, winner) with winner in {"current", "comparator"}. ``comparator_reward``: sort descending by
@@ -243,7 +243,7 @@ def collect_offline_pairs(
     chunk_size: int = 16,
     progress: bool = True,
 ) -> tuple[list[PreferencePair], CollectionStats]:
-    """One pass over ``items``: sample, score aligned joint responses, select pairs (spec §3.1–3.4).
+    """One pass over ``items``: sample, score aligned joint responses, select pairs (docs/preference.md §3.1–3.4).
 
     Items are processed in chunks of ``chunk_size`` (one batched ``generate`` per agent per chunk), in
     dataset order, so the pair order is dataset order then selection order.
@@ -287,14 +287,14 @@ def build_iterative_pairs(
     rng: random.Random,
     item_offset: int = 0,
 ) -> tuple[list[PreferencePair], CollectionStats]:
-    """Current-versus-comparator pairs of each item (spec §3.5, §5.6).
+    """Current-versus-comparator pairs of each item (docs/preference.md §3.5, §5.6).
 
     ``current[a]`` / ``comparator[a]`` hold agent a's samples (only ``.texts`` is read); candidate j of
     every agent forms joint response j on each side. A side has ``min_a len(texts)`` joint responses, so
     N and M may differ: only the first ``min(N, M)`` indices are compared, but every joint response of
     both sides enters ``candidate_reward_mean``. Pairs carry the current policy's prompts, the raw rewards
     ``[winner, loser]``, ``target_raw_reward`` (c_raw[j]) and ``comparator_raw_reward`` (p_raw[j]) and no
-    token ids (they are re-tokenized from the text, §7.3). The stats count wins of the current side,
+    token ids (they are re-tokenized from the text, docs/preference.md §7.3). The stats count wins of the current side,
     ties and comparisons over the aligned indices.
     """
     pairs: list[PreferencePair] = []

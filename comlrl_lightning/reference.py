@@ -1,4 +1,4 @@
-"""Frozen reference policies for the reference-KL penalty (multiturn.md §9).
+"""Frozen reference policies for the reference-KL penalty (docs/multiturn.md §9).
 
 :class:`ReferencePolicies` holds, per agent, a frozen copy of the agent as it was when training started:
 
@@ -9,7 +9,7 @@
   computed with the adapter disabled (``model.disable_adapter()``).
 
 Devices: ``reference_devices`` (a string, or a list of 1 or N entries), or by default each agent's own
-device at the time of the call (decision 7: never a hard-coded ``cuda:0``).
+device at the time of the call (docs/decisions.md, decision 7: never a hard-coded ``cuda:0``).
 
 :func:`sequence_kl` is the k3 estimator summed over the scored tokens (:func:`comlrl_lightning.losses.k3_kl`).
 """
@@ -136,7 +136,8 @@ class ReferencePolicies:
 
 
 def sequence_kl(policy_token_logps: Tensor, ref_token_logps: Tensor, mask: Tensor) -> Tensor:
-    """Sequence KL per row, ``Σ_t mask_t · (exp(δ_t) − δ_t − 1)`` with δ = ref − policy (k3, §9). ``[R]``.
+    """Sequence KL per row, ``Σ_t mask_t · (exp(δ_t) − δ_t − 1)`` with δ = ref − policy (k3, docs/multiturn.md §9).
+    ``[R]``.
 
     All inputs ``[R, L]``; ``mask`` selects the scored completion tokens. The result is detached.
     """

@@ -1,4 +1,4 @@
-"""Replay buffer of the iterative preference trainers (spec §3.7, §4; README decision 6).
+"""Replay buffer of the iterative preference trainers (docs/preference.md §3.7, §4; docs/decisions.md, decision 6).
 
 Every round writes ``iteration_{I:04d}.json`` (I 1-based). A round with at least one pair becomes a
 *shard*; empty rounds are written but are not shards, so they neither get draws nor age older data.
@@ -13,7 +13,7 @@ shards:
 
 The functions are pure given an RNG: a ``random.Random`` (what :class:`ReplayStore` owns, so that
 its state can go into a checkpoint as plain ints) or a CPU ``torch.Generator``. Pairs are plain
-JSON dicts (the pair record of §3.7); converting them to tensors is the caller's job.
+JSON dicts (the pair record of docs/preference.md §3.7); converting them to tensors is the caller's job.
 
 The files, the shard index and the RNG are :class:`ReplayStore`'s (``replay_store.py``); it and
 :class:`ReplayShard` can be imported from here as well.
@@ -57,7 +57,7 @@ def _is_int(value: Any) -> bool:
 
 
 def lambda_decay_weights(num_rounds: int, lam: float) -> list[float]:
-    """Lambda-decay weights of ``num_rounds`` shards, oldest first (spec §4.2).
+    """Lambda-decay weights of ``num_rounds`` shards, oldest first (docs/preference.md §4.2).
 
     With age ``a = 0`` for the newest shard up to ``K - 1`` for the oldest (``K = num_rounds``,
     counted in non-empty rounds, i.e. shards)::
@@ -83,7 +83,7 @@ def lambda_decay_weights(num_rounds: int, lam: float) -> list[float]:
 
 
 def shard_weights(mode: str, num_shards: int, k: int | None = None, lam: float | None = None) -> list[float]:
-    """Sampling weight of every shard, oldest first, one entry per shard (spec §4.3).
+    """Sampling weight of every shard, oldest first, one entry per shard (docs/preference.md §4.3).
 
     * ``nearest_k``: 1.0 for the last ``k`` shards (non-empty rounds), 0.0 for older ones; with
       ``k >= num_shards`` every shard gets 1.0. The list always has ``num_shards`` entries so that
@@ -127,7 +127,7 @@ def shard_weights(mode: str, num_shards: int, k: int | None = None, lam: float |
 
 
 def replay_sample_size(configured: int | None, num_new_pairs: int, shard_sizes: Sequence[int]) -> int:
-    """Number of pairs S a replay round trains on (spec §4.1 step 3).
+    """Number of pairs S a replay round trains on (docs/preference.md §4.1 step 3).
 
     S = ``configured`` (``preference_replay_sample_size``) if set; else ``num_new_pairs`` if > 0;
     else the ``num_pairs`` of the most recent non-empty shard (``shard_sizes`` oldest first); else 0.
@@ -175,7 +175,7 @@ def _sample_indices(n: int, count: int, rng: Rng) -> list[int]:
 
 
 def allocate_draws(weights: Sequence[float], sample_size: int, rng: Rng) -> list[int]:
-    """Split ``sample_size`` draws over shards: a multinomial allocation (spec §4.3).
+    """Split ``sample_size`` draws over shards: a multinomial allocation (docs/preference.md §4.3).
 
     ``counts[i] = #{t < S : X_t = i}`` with ``X_1..X_S`` independent and
     ``P(X = i) = w_i / Σ_j w_j``. There is no rounding or apportionment, so the counts vary with
@@ -207,7 +207,7 @@ def allocate_draws(weights: Sequence[float], sample_size: int, rng: Rng) -> list
 
 
 def sample_from_shard(records: Sequence[Any], count: int, rng: Rng) -> list[Any]:
-    """Draw ``count`` records from one shard of ``R = len(records)`` (spec §4.4).
+    """Draw ``count`` records from one shard of ``R = len(records)`` (docs/preference.md §4.4).
 
     * ``count <= R``: a uniform sample without replacement.
     * ``count > R``: fresh full random permutations of all R records while at least R draws

@@ -1,4 +1,4 @@
-"""The on-disk replay store of the iterative trainers (spec §3.7, §4; README decision 6).
+"""The on-disk replay store of the iterative trainers (docs/preference.md §3.7, §4; docs/decisions.md, decision 6).
 
 :class:`ReplayStore` writes every round to ``iteration_{I:04d}.json``, keeps the index of shards
 (non-empty rounds) and the replay RNG, and draws each round's training pairs with the pure functions
@@ -47,7 +47,7 @@ class ReplayShard(NamedTuple):
 
 
 class ReplayStore:
-    """Round files in ``directory``, the shard index, and the replay RNG (spec §3.7, §4).
+    """Round files in ``directory``, the shard index, and the replay RNG (docs/preference.md §3.7, §4).
 
     Per round: :meth:`write_round` for the round's pairs (every mode, empty rounds included), then
     :meth:`select` for the pairs to train on. ``state_dict`` holds the shard index and the RNG state
@@ -187,7 +187,7 @@ class ReplayStore:
         lam: float | None = None,
         rng: Rng | None = None,
     ) -> list[dict[str, Any]]:
-        """The pairs round ``t`` trains on (spec §4.1 step 2-3); call after :meth:`write_round`.
+        """The pairs round ``t`` trains on (docs/preference.md §4.1 step 2-3); call after :meth:`write_round`.
 
         * ``current``: exactly ``new_pairs``, in order; no sampling, no file read, no RNG use.
         * ``nearest_k`` / ``all_history`` / ``lambda_decay``: S = :func:`replay_sample_size`

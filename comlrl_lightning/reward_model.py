@@ -1,6 +1,6 @@
 """Joint reward model helpers: the joint text template, last-token pooling, tokenization, options.
 
-Spec preference.md §8. The LightningModule lives in :mod:`comlrl_lightning.modules.reward_model` and the
+docs/preference.md §8. The LightningModule lives in :mod:`comlrl_lightning.modules.reward_model` and the
 pair DataModule in :mod:`comlrl_lightning.data.reward_pairs`; both use the functions here, so the text the
 model is trained on and the text it scores are built and tokenized in exactly one place.
 """
@@ -24,7 +24,7 @@ _NO_LIMIT = 10**9
 
 
 def joint_reward_text(prompts: Sequence[str | None], completions: Sequence[str | None]) -> str:
-    """The text the reward model reads for one joint response (spec §8.1).
+    """The text the reward model reads for one joint response (docs/preference.md §8.1).
 
     Parts joined by a blank line (``"\\n\\n"``): ``"Joint multi-agent response"``, then per agent i
     (1-based) ``"Agent i prompt:\\n{p_i}"`` and ``"Agent i response:\\n{c_i}"``. The number of agents is
@@ -45,7 +45,7 @@ def joint_reward_text(prompts: Sequence[str | None], completions: Sequence[str |
 
 
 def last_token_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
-    """Hidden state at each row's last non-padding token (spec §8.2).
+    """Hidden state at each row's last non-padding token (docs/preference.md §8.2).
 
     Rule: for row b, the position is the **largest index t with attention_mask[b, t] == 1**. This is
     right for left padding (the last column), right padding (before the pads) and no padding alike;
@@ -76,7 +76,7 @@ def last_token_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
 
 
 def infer_hidden_size(config: Any) -> int:
-    """Backbone width from ``config.hidden_size``, then ``n_embd``, then ``d_model`` (spec §8.2)."""
+    """Backbone width from ``config.hidden_size``, then ``n_embd``, then ``d_model`` (docs/preference.md §8.2)."""
     for name in ("hidden_size", "n_embd", "d_model"):
         value = getattr(config, name, None)
         if isinstance(value, int) and value > 0:
@@ -88,7 +88,7 @@ def infer_hidden_size(config: Any) -> int:
 
 
 def resolve_max_length(tokenizer: Any, max_length: int | None, fallback: int | None = None) -> int | None:
-    """Truncation length: ``reward_max_length``, else ``tokenizer.model_max_length`` (spec §2.2).
+    """Truncation length: ``reward_max_length``, else ``tokenizer.model_max_length`` (docs/preference.md §2.2).
 
     A tokenizer without a real limit reports transformers' huge sentinel; then ``fallback`` (the
     backbone's ``max_position_embeddings``) is used, and None (no truncation) when that is unknown too.
@@ -102,7 +102,7 @@ def resolve_max_length(tokenizer: Any, max_length: int | None, fallback: int | N
 
 
 def encode_joint_texts(tokenizer: Any, texts: Sequence[str], max_length: int | None) -> dict[str, Tensor]:
-    """Tokenize joint texts as one padded batch (spec §8.1).
+    """Tokenize joint texts as one padded batch (docs/preference.md §8.1).
 
     ``padding=True``, truncation at ``max_length`` (none when None), the tokenizer's own padding and
     truncation sides. Returns ``input_ids`` and ``attention_mask``, both ``[len(texts), T]``.
@@ -145,7 +145,7 @@ def check_prompt_part_fits(
 
 @dataclass
 class RewardModelOptions:
-    """Reward-model options of ``MARLHFConfig`` (spec preference.md §2.2), usable on their own."""
+    """Reward-model options of ``MARLHFConfig`` (docs/preference.md §2.2), usable on their own."""
 
     reward_model_name: str | None = None
     """Hub id, local folder or ``embedded:tiny`` of the reward backbone (MARLHF falls back to the agents')."""

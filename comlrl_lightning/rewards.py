@@ -1,7 +1,7 @@
 """The oracle: ``reward_func`` (+ optional ``reward_processor``) with signature dispatch and value checks.
 
 A reward that raises, or returns NaN, inf, None or the wrong number of values is an error naming the task
-item (our decision 9): an update is never silently skipped.
+item (docs/decisions.md, decision 9): an update is never silently skipped.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def call_reward_function(
     agent_completions: Sequence[Sequence[str]],
     batch_items: Sequence[dict] | None = None,
 ) -> list[float]:
-    """Call a user reward function the way CoMLRL does (spec multiturn.md §6.1) and coerce the result.
+    """Call a user reward function the way CoMLRL does (docs/multiturn.md §6.1) and coerce the result.
 
     Dispatch on the number P of positional parameters, for N agents with completion lists c_1..c_N:
     ``*args`` → f(c_1..c_N); N == 1: P == 1 → f(c_1), else f(prompts, c_1); N > 1: P == N → f(c_1..c_N),

@@ -1,4 +1,4 @@
-"""The centralized comparator adapter (spec §5.4, §5.5, §13.1): prompt text, parser, split helpers."""
+"""The centralized comparator adapter (docs/preference.md §5.4, §5.5, §13.1): prompt text, parser, split helpers."""
 
 from __future__ import annotations
 

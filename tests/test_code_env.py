@@ -152,7 +152,7 @@ def test_reward_breakdown_and_timeouts():
 def test_reward_func_batching_and_dispatch_shape():
     sig = inspect.signature(code_reward_func)
     positional = [p for p in sig.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
-    assert len(positional) == 2  # spec §6.1: P == N -> f(c1, c2), plus batch_items=
+    assert len(positional) == 2  # docs/multiturn.md §6.1: P == N -> f(c1, c2), plus batch_items=
     assert sig.parameters["batch_items"].kind is inspect.Parameter.KEYWORD_ONLY
     out = code_reward_func([AUX, AUX, ""], [MAIN_USES_AUX, MAIN_ALONE, ""], batch_items=[ITEM])
     assert out == [pytest.approx(4.0), pytest.approx(2.5), 0.0]  # one item broadcast to all

@@ -1,4 +1,5 @@
-"""Config defaults (spec §2.1, §2.3, §2.4), aliases (§2.5), validation messages and order (§2.6), secrets."""
+"""Config defaults (docs/preference.md §2.1, §2.3, §2.4), aliases (docs/preference.md §2.5), validation messages and
+order (docs/preference.md §2.6), secrets."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ ITER_DEFAULTS = {
     "comparator_api_extra_body": None,
 }
 
-# §2.4: the iterative trainer's own defaults.
+# docs/preference.md §2.4: the iterative trainer's own defaults.
 ITER_OVERRIDES = {"num_train_epochs": 1, "preference_num_candidates": 20, "preference_pairs_per_sample": 4,
                   "pair_selection": "comparator_reward"}
 
@@ -169,7 +170,7 @@ def test_reference_kl_warns_and_is_accepted():
         MADPOConfig()
 
 
-# --- aliases (§2.5) -----------------------------------------------------------------------------------------
+# --- aliases (docs/preference.md §2.5) --------------------------------------------------------------------------------
 
 REPLAY_ALIASES = {
     "current": "current", "latest": "current", "new": "current",
@@ -233,7 +234,7 @@ def test_none_means_default():
     assert cfg.preference_replay_mode == "current" and cfg.comparator_policy == "current"
 
 
-# --- iterative validation (§2.3) ----------------------------------------------------------------------------
+# --- iterative validation (docs/preference.md §2.3) -------------------------------------------------------------------
 
 URL = {"comparator_api_url": "http://localhost:1/v1"}
 ITER_ERRORS = [
@@ -306,14 +307,14 @@ def test_valid_iterative_combinations():
     cen = MADPOIterConfig(comparator_policy="model", comparator_generation_mode="centralized",
                           comparator_agents=["a"], comparator_centralized_agent_index=1)
     assert cen.comparator_generation_mode == "centralized"
-    # Spec §2.3: a comparator model name is not rejected for the api policy.
+    # docs/preference.md §2.3: a comparator model name is not rejected for the api policy.
     api = MADPOIterConfig(comparator_policy="api", comparator_model_name="x", **URL)
     assert api.comparator_policy == "api"
     # The centralized index is checked only in centralized generation.
     assert MADPOIterConfig(comparator_centralized_agent_index=5).comparator_centralized_agent_index == 5
 
 
-# --- first-error order (§2.6) -------------------------------------------------------------------------------
+# --- first-error order (docs/preference.md §2.6) ----------------------------------------------------------------------
 
 @pytest.mark.parametrize(("kwargs", "first"), [
     ({"num_agents": 0, "num_train_epochs": 0}, "num_train_epochs must be >= 1."),

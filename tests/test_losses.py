@@ -256,7 +256,7 @@ def test_group_advantages_unknown_mode():
 
 
 def test_kl_penalized_returns_upstream_example():
-    # multiturn.md §11.1 case 8: β = 0.5, returns [1, 2], KLs [0.2, 0.4] -> [0.9, 1.8]
+    # docs/multiturn.md §11.1 case 8: β = 0.5, returns [1, 2], KLs [0.2, 0.4] -> [0.9, 1.8]
     close(kl_penalized_returns(torch.tensor([1.0, 2.0]), [0.2, 0.4], 0.5), [0.9, 1.8])
     close(kl_penalized_returns(torch.tensor([1.0, 2.0]), [0.2], 0.5), [0.9, 2.0])  # missing KL = 0
     close(kl_penalized_returns(torch.tensor([1.0, 2.0]), None, 0.5), [1.0, 2.0])

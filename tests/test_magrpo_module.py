@@ -64,7 +64,7 @@ def test_config_rejects_bad_values_naming_option_value_and_allowed(kw, fragment)
 
 def test_config_defaults_aliases_and_subclasses():
     cfg = MAGRPOConfig()
-    assert cfg.num_turns == 1 and cfg.early_termination_threshold is None  # decision 10
+    assert cfg.num_turns == 1 and cfg.early_termination_threshold is None  # docs/decisions.md, decision 10
     assert cfg.train_batch_size == cfg.rollout_buffer_size == 2
     assert MAGRPOConfig(joint_mode="Align").joint_mode == "aligned"
     assert MAGRPOConfig(joint_mode=" CROSSED ").joint_mode == "cross"

@@ -1,4 +1,5 @@
-"""The rollout tree without a model: returns, advantages, cross-mode credit, call counts (spec §2.2-2.7)."""
+"""The rollout tree without a model: returns, advantages, cross-mode credit, call counts
+(docs/multiturn.md §2.2-2.7)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def test_call_counts_match_spec_formulas(mode, n, k, t):
 
 
 def test_spec_example_counts():
-    # multiturn.md §2.3: N=2, K=4, T=2 -> aligned 5 nodes/10/20/4, cross 17 nodes/34/272/16.
+    # docs/multiturn.md §2.3: N=2, K=4, T=2 -> aligned 5 nodes/10/20/4, cross 17 nodes/34/272/16.
     for mode, expected in (("aligned", (5, 10, 20, 4)), ("cross", (17, 34, 272, 16))):
         rec = Recorder(4)
         root, _ = run(2, 4, 2, mode, rec)
@@ -106,7 +107,7 @@ def test_returns_and_advantages_on_hand_built_tree():
     assert samples[0].node_mean_reward == 0.5 and samples[0].node_mean_return == 2.25
     normed = node_samples(root, 2, 2, "mean", normalize=True)
     assert normed[0].advantages == pytest.approx([1.0, -1.0])
-    # the four baselines of §3 without normalisation on the root group G = [4, 0.5]
+    # the four baselines of docs/multiturn.md §3 without normalisation on the root group G = [4, 0.5]
     assert node_samples(root, 2, 2, "raw", False)[0].advantages == pytest.approx([4.0, 0.5])
     assert node_samples(root, 2, 2, "max", False)[0].advantages == pytest.approx([0.0, -3.5])
     assert node_samples(root, 2, 2, "rloo", False)[0].advantages == pytest.approx([3.5, -3.5])

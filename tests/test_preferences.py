@@ -1,4 +1,5 @@
-"""Pair selection on the spec's worked examples (§3.4, §3.5), the pair record (§3.7), offline pairs."""
+"""Pair selection on the spec's worked examples (docs/preference.md §3.4, §3.5), the pair record
+(docs/preference.md §3.7), offline pairs."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from comlrl_lightning.preferences import (
     select_offline_pairs,
 )
 
-# --- offline selection (§3.4) -------------------------------------------------------------------------
+# --- offline selection (docs/preference.md §3.4) ----------------------------------------------------------------------
 
 R = [1, 3, 3, 0, 2]
 # Every ordered pair with a positive gap, in enumeration order (i, then j), worked out by hand:
@@ -52,7 +53,7 @@ def test_random_is_a_seeded_shuffle_of_the_candidates(seed):
     assert len(got) == 4 and len(set(got)) == 4
     assert set(got) <= set(ENUMERATED)
     assert (1, 2) not in got and (2, 1) not in got
-    # Python's random.shuffle over the enumerated candidates, then the first `limit` (spec §3.4).
+    # Python's random.shuffle over the enumerated candidates, then the first `limit` (docs/preference.md §3.4).
     expected = list(ENUMERATED)
     random.Random(seed).shuffle(expected)
     assert got == expected[:4]
@@ -72,7 +73,7 @@ def test_unknown_offline_selection():
     assert "'comparator_reward'" in str(err.value)
 
 
-# --- iterative selection (§3.5) -------------------------------------------------------------------------
+# --- iterative selection (docs/preference.md §3.5) --------------------------------------------------------------------
 
 C = [1, 0.5, 2, 0, 1, 3]
 P = [0, 0.5, 3, 1, 0.9, 0, 5]
@@ -117,7 +118,7 @@ def test_iterative_index_aligned_only():
         select_iterative_pairs(C, P, "best", 3)
 
 
-# --- the pair record (§3.6, §3.7) ---------------------------------------------------------------------------
+# --- the pair record (docs/preference.md §3.6, §3.7) ------------------------------------------------------------------
 
 SPEC_KEYS = {
     "prompts", "winner_completions", "loser_completions", "winner_reward", "loser_reward",

@@ -1,4 +1,4 @@
-"""Reference KL (spec §9, §11.1): config checks, frozen references, k3 properties, return shaping."""
+"""Reference KL (docs/multiturn.md §9, §11.1): config checks, frozen references, k3 properties, return shaping."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Replay buffer: weights, draws, in-shard sampling, round files and checkpoint state (spec §3.7, §4)."""
+"""Replay buffer: weights, draws, in-shard sampling, round files and checkpoint state (docs/preference.md §3.7, §4)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from comlrl_lightning.replay import (
 
 
 def make_pair(tag: str, i: int) -> dict:
-    """A §3.7 pair record; ``tag``/``i`` identify it after sampling."""
+    """A docs/preference.md §3.7 pair record; ``tag``/``i`` identify it after sampling."""
     return {
         "prompts": [f"{tag} prompt {i} a0", f"{tag} prompt {i} a1"],
         "winner_completions": [f"{tag}-{i}-w0", f"{tag}-{i}-w1"],

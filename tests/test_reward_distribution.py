@@ -1,4 +1,4 @@
-"""Reward-distribution histograms and files of the iterative trainers (spec §3.8)."""
+"""Reward-distribution histograms and files of the iterative trainers (docs/preference.md §3.8)."""
 
 from __future__ import annotations
 

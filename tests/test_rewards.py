@@ -1,4 +1,4 @@
-"""Reward dispatch (spec multiturn.md §6.1), coercion, the oracle's checks, and the processors."""
+"""Reward dispatch (docs/multiturn.md §6.1), coercion, the oracle's checks, and the processors."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class Recorder:
         return [1.0] * len(args[-1]) if args and isinstance(args[-1], list) else [1.0, 1.0]
 
 
-# --- §6.1 dispatch ----------------------------------------------------------------------------------------
+# --- docs/multiturn.md §6.1 dispatch ----------------------------------------------------------------------------------
 
 def test_var_args_get_one_list_per_agent():
     rec = Recorder()

@@ -1,4 +1,4 @@
-"""External transitions: the five-argument call, result validation, prompt resolution (spec §5, §7.3)."""
+"""External transitions: the five-argument call, result validation, prompt resolution (docs/multiturn.md §5, §7.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""HTTP comparator (``comparator_policy='api'``, spec §6, decision 8): candidates from an external LLM endpoint.
+"""HTTP comparator (``comparator_policy='api'``, docs/preference.md §6, docs/decisions.md, decision 8): candidates from
+an external LLM endpoint.
 
 Three parts, one file each:
 

@@ -1,10 +1,11 @@
-"""HTTP client of the comparator API (spec §6, decision 8): requests, retries, back-off, concurrency.
+"""HTTP client of the comparator API (docs/preference.md §6, docs/decisions.md, decision 8): requests, retries,
+back-off, concurrency.
 
 :class:`APIComparatorClient` posts the bodies of :mod:`comlrl_lightning.comparators.api_formats` and parses
 the answers with it. Unlike upstream, requests are retried (timeouts, connection errors, 429 honouring
 ``Retry-After``, 5xx, malformed JSON, too few completions) with bounded exponential back-off and jitter,
 requests run concurrently up to ``max_concurrency``, the completion count is checked, and an unknown
-format is an error rather than a silent fallback to ``generic`` (decision 1).
+format is an error rather than a silent fallback to ``generic`` (docs/decisions.md, decision 1).
 
 The API key is looked up when a request is built, never stored (unless given literally), and never
 written to logs, exception messages, ``repr`` or pickles.
@@ -62,7 +63,7 @@ class APIComparatorClient:
 
     Args:
         url: endpoint (``http``/``https``) that receives every POST.
-        format: ``generic``, ``openai``, ``anthropic`` or ``openai_responses`` (or an alias, §2.5).
+        format: ``generic``, ``openai``, ``anthropic`` or ``openai_responses`` (or an alias, docs/preference.md §2.5).
         model: ``model`` field of each request (generic: sent only when truthy).
         timeout: seconds per HTTP request (connect, read and write each).
         headers: extra headers, merged over ``Content-Type: application/json``.

@@ -1,4 +1,4 @@
-"""Wire formats of the comparator API (spec §6): request bodies, headers and response parsing.
+"""Wire formats of the comparator API (docs/multiturn.md §6): request bodies, headers and response parsing.
 
 * ``generic``: one request per task item, ``{"prompt", "agent_idx", "num_return_sequences", ...}``; the
   completions are read from the dotted ``response_field``.
@@ -48,7 +48,7 @@ _GENERIC_FALLBACK_FIELDS = ("completions", "responses", "outputs", "choices")
 def normalize_api_format(value: str | None) -> str:
     """Map a ``comparator_api_format`` value (any case, surrounding whitespace) to its canonical name.
 
-    ``None`` means ``generic``. Unknown values raise ``ValueError`` (decision 1: upstream silently
+    ``None`` means ``generic``. Unknown values raise ``ValueError`` (docs/decisions.md, decision 1: upstream silently
     used ``generic``, which hides typos).
     """
     if value is None:
@@ -136,7 +136,7 @@ def request_body(
             "messages": messages,
             "temperature": request.temperature,
         }
-    else:  # openai_responses: no sampling settings (spec §6)
+    else:  # openai_responses: no sampling settings (docs/multiturn.md §6)
         body = {"model": model, "input": request.prompt, "max_output_tokens": request.max_new_tokens}
     body.update(extra_body)
     return {k: v for k, v in body.items() if v is not None}
@@ -241,7 +241,7 @@ def _follow_path(payload: Any, dotted: str) -> tuple[bool, Any]:
 
 
 def _generic_completions(payload: Any, response_field: str) -> list[str]:
-    """Completions of a generic response (spec §6): the dotted field, else the first truthy fallback."""
+    """Completions of a generic response (docs/multiturn.md §6): the dotted field, else the first truthy fallback."""
     found, value = _follow_path(payload, response_field)
     if not found and isinstance(payload, Mapping):
         value = next((payload[k] for k in _GENERIC_FALLBACK_FIELDS if payload.get(k)), None)

@@ -1,4 +1,4 @@
-"""Centralized comparator generation (spec §5.4, §5.5): one writer produces every agent's output at once.
+"""Centralized comparator generation (docs/preference.md §5.4, §5.5): one writer produces every agent's output at once.
 
 An adapter turns the agents' own prompts into one joint prompt and parses a joint completion back into
 per-agent outputs. The default, :class:`TaggedCentralizedComparatorAdapter`, asks for one
@@ -66,7 +66,7 @@ def _section_pattern(index: int) -> re.Pattern[str]:
 class TaggedCentralizedComparatorAdapter:
     """Default, domain-neutral adapter: one ``<agent_i>`` section per agent, numbered from 0.
 
-    The prompt text is upstream's, byte for byte (spec §5.4), including the trailing newline.
+    The prompt text is upstream's, byte for byte (docs/preference.md §5.4), including the trailing newline.
     """
 
     def build_prompt(self, item: Any, prompts: Sequence[str]) -> str:
@@ -119,7 +119,7 @@ class TaggedCentralizedComparatorAdapter:
 
 
 def build_centralized_prompt(adapter: CentralizedComparatorAdapter, item: Any, prompts: Sequence[str]) -> str:
-    """``adapter.build_prompt`` checked to be a non-empty string (spec §5.4)."""
+    """``adapter.build_prompt`` checked to be a non-empty string (docs/preference.md §5.4)."""
     prompt = adapter.build_prompt(item, list(prompts))
     if not isinstance(prompt, str) or not prompt:
         raise ValueError("centralized_comparator_adapter.build_prompt must return a non-empty string.")
@@ -144,7 +144,7 @@ def split_joint_completions(
 ) -> list[list[str]]:
     """Per-agent candidate lists ``[agent][candidate]`` from joint completions, candidate order kept.
 
-    Parse errors propagate: one untagged comparator sample aborts the run (spec §5.4, surprise 11).
+    Parse errors propagate: one untagged comparator sample aborts the run (docs/preference.md §5.4).
     """
     if not completions:
         raise ValueError("Centralized comparator produced no candidates.")
@@ -160,7 +160,7 @@ def split_joint_completions(
 def parse_for_reward(
     adapter: CentralizedComparatorAdapter, text: str, item: Any, num_roles: int
 ) -> list[str]:
-    """Role outputs of a centralized-collaboration joint text for the task reward (spec §5.5).
+    """Role outputs of a centralized-collaboration joint text for the task reward (docs/preference.md §5.5).
 
     A ``CentralizedComparatorParseError`` gives ``num_roles`` empty strings; other adapter mistakes raise.
     """

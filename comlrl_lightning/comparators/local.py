@@ -1,4 +1,5 @@
-"""Comparator sources for the iterative trainers (spec §5.1–5.3, §5.6; decisions 5 and 7).
+"""Comparator sources for the iterative trainers (docs/preference.md §5.1–5.3, §5.6; docs/decisions.md, decisions 5 and
+7).
 
 A comparator source answers ``sample(prompts, num_candidates, items) -> list[Samples]`` (one per agent,
 ``prompts[a][k]`` = agent a's prompt for item k; only ``.texts`` is read by pairing). Local sources also
@@ -51,7 +52,7 @@ class ComparatorSource(Protocol):
 
 
 def comparator_seed(seed: int) -> int:
-    """Spec §5.2: the comparator stream seed is ``-seed`` (1 when ``seed`` is 0)."""
+    """docs/preference.md §5.2: the comparator stream seed is ``-seed`` (1 when ``seed`` is 0)."""
     return -int(seed) if seed else 1
 
 
@@ -247,7 +248,8 @@ class ModelComparator(LocalComparator):
 
 
 def history_snapshot_dir(root: str | Path, round_index: int, k: int, num_agents: int) -> Path:
-    """The snapshot that round ``round_index`` compares against (decision 5, spec §5.3 with the fix).
+    """The snapshot that round ``round_index`` compares against (docs/decisions.md, decision 5, docs/preference.md §5.3
+    with the fix).
 
     ``iteration_{s:04d}`` is the policy after round s, i.e. at the start of round s + 1. Round t uses the
     policy as it was k rounds ago, at the start of round t - k: snapshot ``s = t - k - 1``, or the newest
@@ -335,7 +337,7 @@ class HistoryComparator(LocalComparator):
 
 
 class CentralizedComparator:
-    """Centralized comparator generation (spec §5.4): one slot writes every role's answer in one text.
+    """Centralized comparator generation (docs/preference.md §5.4): one slot writes every role's answer in one text.
 
     Slot ``agent_index`` of the ``inner`` source (any policy: live agent, copy, model, snapshot or API)
     samples joint completions of ``adapter.build_prompt(item, per-role prompts)``; each joint text is parsed

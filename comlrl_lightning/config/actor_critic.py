@@ -1,7 +1,7 @@
-"""Configs of the actor-critic trainers: :class:`IACConfig` and :class:`MAACConfig` (spec multiturn.md §1.2–1.3).
+"""Configs of the actor-critic trainers: :class:`IACConfig` and :class:`MAACConfig` (docs/multiturn.md §1.2–1.3).
 
 Option names and defaults are CoMLRL 1.4.3's, except ``early_termination_threshold`` (None) and
-``num_turns`` (1), our decision 10: a single-turn run needs no transition. Every option is validated at
+``num_turns`` (1), docs/decisions.md, decision 10: a single-turn run needs no transition. Every option is validated at
 construction; messages name the option, the value and what is allowed, and start with upstream's sentence
 where upstream has one.
 """
@@ -47,7 +47,8 @@ from comlrl_lightning.config.training import (
 @dataclass
 class _ActorCriticOptions(SeedOptions, CriticOptions, ReferenceKLOptions, BatchOptions, RolloutOptions,
                           SamplingOptions, NumGenerationsOptions, DeviceOptions, TrainingOptions):
-    """Options shared by IAC and MAAC (spec §1.2; MAAC differences in §1.3), with the actor-critic defaults."""
+    """Options shared by IAC and MAAC (docs/multiturn.md §1.2; MAAC differences in docs/multiturn.md §1.3), with the
+    actor-critic defaults."""
 
     num_train_epochs: int = 40
     """Passes over the train dataset."""
@@ -103,7 +104,7 @@ class _ActorCriticOptions(SeedOptions, CriticOptions, ReferenceKLOptions, BatchO
 
 @dataclass
 class IACConfig(ValueHeadOptions, _ActorCriticOptions):
-    """Independent actor-critic (spec multiturn.md §1.2): one critic per actor.
+    """Independent actor-critic (docs/multiturn.md §1.2): one critic per actor.
 
     The critic is a separate causal LM with a value head (``use_separate_critic=True``) or a value head on the
     actor itself (``False``; the actor optimizer then also trains the head).

@@ -1,5 +1,5 @@
-"""Options of the iterative trainers (MADPOIter, MARLHFIter): rounds, preference replay, comparators (spec
-preference.md §2.3; aliases of §2.5)."""
+"""Options of the iterative trainers (MADPOIter, MARLHFIter): rounds, preference replay, comparators
+(docs/preference.md §2.3; aliases of docs/preference.md §2.5)."""
 
 from __future__ import annotations
 
@@ -48,12 +48,12 @@ API_FORMAT_ALIASES = {
 
 @dataclass
 class _IterativePreferenceOptions:
-    """Options shared by the iterative trainers (spec preference.md §2.3)."""
+    """Options shared by the iterative trainers (docs/preference.md §2.3)."""
 
     num_iterations: int = 6
     """Preference-refresh rounds."""
     preference_replay_mode: str = "current"
-    """current, nearest_k, all_history or lambda_decay (aliases in spec §2.5)."""
+    """current, nearest_k, all_history or lambda_decay (aliases in docs/preference.md §2.5)."""
     preference_replay_k: int | None = None
     """K for nearest_k: the K most recent non-empty rounds."""
     preference_replay_lambda: float | None = None
@@ -85,7 +85,7 @@ class _IterativePreferenceOptions:
     comparator_api_url: str | None = None
     """Endpoint of the API comparator."""
     comparator_api_format: str = "generic"
-    """generic, openai, anthropic or openai_responses (aliases in spec §2.5)."""
+    """generic, openai, anthropic or openai_responses (aliases in docs/preference.md §2.5)."""
     comparator_api_model: str | None = None
     """``model`` field sent to the API."""
     comparator_api_max_n_per_request: int | None = None
@@ -181,7 +181,7 @@ class _IterativePreferenceOptions:
         elif self.comparator_history_k is not None:
             raise _bad("comparator_history_k is only valid when comparator_policy='history'.",
                        self.comparator_history_k, "null")
-        # Our decision 1: the API format is validated here (upstream silently falls back to generic).
+        # docs/decisions.md, decision 1: the API format is validated here (upstream silently falls back to generic).
         self.comparator_api_format = _normalize_choice(
             "comparator_api_format", self.comparator_api_format, API_FORMAT_ALIASES, "generic",
             "comparator_api_format must be one of: generic, openai, anthropic, openai_responses.")

@@ -1,12 +1,13 @@
-"""Configs of MARLHF (reward model + online RL) and its iterative variant (spec preference.md §2.2, §2.4).
+"""Configs of MARLHF (reward model + online RL) and its iterative variant (docs/preference.md §2.2, §2.4).
 
 ``MARLHFConfig`` = every ``MADPOConfig`` option plus the reward-model, RL-backend and critic options.
-``MARLHFIterConfig`` adds the iterative options (§2.3) with MARLHFIter's defaults (§2.4) and
-``preference_scoring_reward``. Validation order follows §2.2/§2.6: ``rl_algorithm`` is normalised, the
-MADPO checks run, then the MARLHF checks, then (iterative) the iterative checks and the scoring reward.
+``MARLHFIterConfig`` adds the iterative options (docs/preference.md §2.3) with MARLHFIter's defaults
+(docs/preference.md §2.4) and ``preference_scoring_reward``. Validation order follows docs/preference.md §2.2/§2.6:
+``rl_algorithm`` is normalised, the MADPO checks run, then the MARLHF checks, then (iterative) the iterative checks and
+the scoring reward.
 
 Differences from upstream, all from our decisions: ``reward_model_device`` defaults to None = the
-Lightning accelerator the run uses (decision 7; upstream: "cuda:0"); ``reference_kl_*`` is *used* by
+Lightning accelerator the run uses (docs/decisions.md, decision 7; upstream: "cuda:0"); ``reference_kl_*`` is *used* by
 MARLHF's RL stage (so no "reference-free" warning), its ``reference_devices`` length is checked.
 """
 
@@ -59,7 +60,8 @@ class RewardModelFields:
     reward_model_name: str | None = None
     """Hub id / local folder / ``embedded:tiny`` of the reward backbone; None = the agents' model name."""
     reward_model_device: str | None = None
-    """Reward-model device; None = the Lightning accelerator in use (decision 7; upstream: "cuda:0")."""
+    """Reward-model device; None = the Lightning accelerator in use (docs/decisions.md, decision 7; upstream:
+    "cuda:0")."""
     reward_learning_rate: float = 1e-5
     """AdamW learning rate of the reward model."""
     reward_num_train_epochs: int = 1
@@ -83,7 +85,7 @@ class CriticModelOptions:
 @dataclass
 class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardModelFields, NumGenerationsOptions,
                    RLAlgorithmOptions, MADPOConfig):
-    """Options of the MARLHF trainer: MADPO's (spec §2.1) plus spec §2.2.
+    """Options of the MARLHF trainer: MADPO's (docs/preference.md §2.1) plus docs/preference.md §2.2.
 
     ``advantage_mode`` is forced from ``rl_algorithm`` (magrpo→mean, mareinforce→raw, maremax→max,
     marloo→rloo), as upstream does; a user value is replaced. ``num_generations`` must be >= 2 for the MAGRPO
@@ -95,14 +97,14 @@ class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardMo
     """Critic learning rate; None = ``agent_learning_rate``."""
 
     def _validate_base(self) -> None:
-        # §2.2 order: normalise rl_algorithm, run every MADPO check, then the MARLHF checks.
+        # docs/preference.md §2.2 order: normalise rl_algorithm, run every MADPO check, then the MARLHF checks.
         alg = "magrpo" if self.rl_algorithm is None else str(self.rl_algorithm).strip().lower()
         self.rl_algorithm = RL_ALGORITHM_ALIASES.get(alg, alg)
         super()._validate_base()
         self._validate_marlhf()
 
     def _validate_reference_kl(self) -> None:
-        # MARLHF uses the reference KL in its RL stage (§8.6): check the devices instead of warning.
+        # MARLHF uses the reference KL in its RL stage (docs/preference.md §8.6): check the devices instead of warning.
         check_reference_devices(self)
 
     def _validate_marlhf(self) -> None:
@@ -154,7 +156,8 @@ class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardMo
         return self.rl_algorithm in ("maac", "iac")
 
     def actor_critic_config(self):
-        """The IACConfig / MAACConfig of the maac/iac RL stage (spec §9.2: the options MARLHF forwards)."""
+        """The IACConfig / MAACConfig of the maac/iac RL stage (docs/preference.md §9.2: the options MARLHF
+        forwards)."""
         if not self.is_actor_critic:
             raise ValueError(f"actor_critic_config() needs rl_algorithm 'maac' or 'iac'; got {self.rl_algorithm!r}.")
         critic_devices = self.critic_devices
@@ -188,7 +191,8 @@ class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardMo
 
 @dataclass(repr=False)
 class MARLHFIterConfig(_IterativePreferenceOptions, MARLHFConfig):
-    """Iterative MARLHF: MARLHF's options, the iterative options (§2.3), MARLHFIter's defaults (§2.4)."""
+    """Iterative MARLHF: MARLHF's options, the iterative options (docs/preference.md §2.3), MARLHFIter's defaults
+    (docs/preference.md §2.4)."""
 
     num_train_epochs: int = 2
     """RL epochs per round."""

@@ -1,7 +1,7 @@
-"""MADPO's configs: :class:`MADPOConfig` and :class:`MADPOIterConfig` (spec preference.md §2.1, §2.3, §2.4).
+"""MADPO's configs: :class:`MADPOConfig` and :class:`MADPOIterConfig` (docs/preference.md §2.1, §2.3, §2.4).
 
 Each is a flat dataclass with CoMLRL 1.4.3's option names, composed from the option groups of this package;
-every option is validated when the object is built, in the order of spec §2.6 so that the first error
+every option is validated when the object is built, in the order of docs/preference.md §2.6 so that the first error
 matches upstream's.
 """
 
@@ -73,7 +73,7 @@ class OptimizerOptions:
 class MADPOConfig(OptimizerOptions, SeedOptions, PreferenceOptions, ReferenceKLOptions, AdvantageModeOptions,
                   BatchOptions, JointModeOptions, RolloutOptions, SamplingOptions, DeviceOptions,
                   CollaborationOptions, TrainingOptions):
-    """Options of the offline MADPO trainer (spec preference.md §2.1).
+    """Options of the offline MADPO trainer (docs/preference.md §2.1).
 
     Attributes are documented one per line; defaults are upstream's. The RL-stage options (advantage_*,
     discount, early_termination_threshold, reference_kl_*) are used by MARLHF; MADPO is reference-free.
@@ -85,7 +85,7 @@ class MADPOConfig(OptimizerOptions, SeedOptions, PreferenceOptions, ReferenceKLO
     def __post_init__(self) -> None:
         self._validate_base()
 
-    # Validation order follows spec §2.6 so that the first error matches upstream's.
+    # Validation order follows docs/preference.md §2.6 so that the first error matches upstream's.
     def _validate_base(self) -> None:
         if self.collaboration_mode not in ("decentralized", "centralized"):
             raise _bad("collaboration_mode must be decentralized or centralized.", self.collaboration_mode,
@@ -115,7 +115,7 @@ class MADPOConfig(OptimizerOptions, SeedOptions, PreferenceOptions, ReferenceKLO
             raise _bad("preference_pairs_per_sample must be null when pair_selection='all'.",
                        self.preference_pairs_per_sample, "null")
         self.pair_selection = ps
-        # Our decision 1: joint_mode is checked here, not at generation time.
+        # docs/decisions.md, decision 1: joint_mode is checked here, not at generation time.
         given = self.joint_mode
         if normalize_joint_mode(self) != "aligned":
             raise _bad(f"{self._method} preference generation currently supports aligned joint_mode only.",
@@ -129,7 +129,7 @@ class MADPOConfig(OptimizerOptions, SeedOptions, PreferenceOptions, ReferenceKLO
         check_advantage_mode(self)
 
     def _validate_reference_kl(self) -> None:
-        # Decision 2: MADPO is reference-free; the option is accepted for compatibility and ignored.
+        # docs/decisions.md, decision 2: MADPO is reference-free; the option is accepted for compatibility and ignored.
         if self.reference_kl_enabled:
             warnings.warn(
                 f"{type(self).__name__}: reference_kl_enabled=True has no effect; MADPO is reference-free, "
@@ -145,7 +145,8 @@ class MADPOConfig(OptimizerOptions, SeedOptions, PreferenceOptions, ReferenceKLO
 
 @dataclass(repr=False)
 class MADPOIterConfig(_IterativePreferenceOptions, MADPOConfig):
-    """Options of the iterative MADPO trainer: the base options plus spec §2.3 (defaults of §2.4)."""
+    """Options of the iterative MADPO trainer: the base options plus docs/preference.md §2.3 (defaults of
+    docs/preference.md §2.4)."""
 
     num_train_epochs: int = 1
     """DPO epochs per round."""

@@ -1,4 +1,4 @@
-"""Configs of the MAGRPO family (MAGRPO, MAREINFORCE, MARLOO, MAReMax): spec multiturn.md §1.1.
+"""Configs of the MAGRPO family (MAGRPO, MAREINFORCE, MARLOO, MAReMax): docs/multiturn.md §1.1.
 
 Option names, defaults and allowed values are upstream's, with our decisions applied: ``joint_mode`` is
 validated and normalised here ("align" → "aligned", "crossed" → "cross"), ``early_termination_threshold``

@@ -7,7 +7,7 @@ from typing import Any
 
 from comlrl_lightning.config.checks import _bad, check_positive, is_int
 
-#: Integer options and their minimum, in the order their errors are raised (preference.md §2.6).
+#: Integer options and their minimum, in the order their errors are raised (docs/preference.md §2.6).
 COUNT_RULES = (
     ("num_train_epochs", 1), ("num_agents", 1), ("rollout_buffer_size", 1), ("eval_interval", 0),
     ("eval_num_samples", 0), ("eval_batch_size", 1), ("num_turns", 1), ("logging_steps", 1),

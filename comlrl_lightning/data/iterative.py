@@ -1,4 +1,5 @@
-"""IterativePreferenceDataModule: round-refreshed pairs backed by the on-disk replay buffer (spec §3.7, §4).
+"""IterativePreferenceDataModule: round-refreshed pairs backed by the on-disk replay buffer (docs/preference.md §3.7,
+§4).
 
 It is the round data of :mod:`comlrl_lightning.protocols` (``RoundData``): it owns the run's comparator
 (``comparator``; None = the source built from the module's ``args.comparator_policy`` when the first round
@@ -109,7 +110,7 @@ class IterativePreferenceDataModule(PreferenceDataModule):
 
     def commit_round(self, mode: str, sample_size: int | None = None, k: int | None = None,
                      lam: float | None = None) -> dict[str, int]:
-        """Write the pending round's file and select its training pairs (spec §4.1). Returns counts."""
+        """Write the pending round's file and select its training pairs (docs/preference.md §4.1). Returns counts."""
         if self.pending_round is None:
             raise RuntimeError("commit_round called without a pending round: call add_round(pairs) first.")
         store = self._require_store()

@@ -132,7 +132,7 @@ class PreferenceDataModule(L.LightningDataModule):
     # --- tokenization ----------------------------------------------------------------------------------
     def pair_token_ids(self, pair: PreferencePair, agent: int) -> tuple[list[int], list[int], list[int]]:
         """(prompt, winner, loser) ids of one agent: the generated ids when kept, else re-tokenized text
-        (prompt with special tokens, completions without; spec §7.3)."""
+        (prompt with special tokens, completions without; docs/preference.md §7.3)."""
         if pair.winner_token_ids is not None and pair.prompt_token_ids is not None:
             return pair.prompt_token_ids[agent], pair.winner_token_ids[agent], pair.loser_token_ids[agent]
         tok = self.tokenizers[agent]

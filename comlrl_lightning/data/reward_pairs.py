@@ -1,4 +1,4 @@
-"""RewardPairDataModule: preference pairs as joint texts for the JointRewardModel (spec §8.1, §8.3).
+"""RewardPairDataModule: preference pairs as joint texts for the JointRewardModel (docs/preference.md §8.1, §8.3).
 
 A batch of B pairs is one padded tokenization of 2B joint texts: rows 0..B-1 are the winners (chosen), rows
 B..2B-1 the losers (rejected), plus ``pair_index`` ``[B]`` (the pairs' positions in their split). Texts are
@@ -62,7 +62,7 @@ def load_pairs(source: Any) -> list[PreferencePair]:
     """Pairs from PreferencePair objects, pair records (dicts), a file path, or ``builtin:length_preference``.
 
     Files: ``.jsonl`` (one record per line), or ``.json`` holding a list of records or a replay round file
-    ``{"pairs": [...]}`` (spec §3.7). The builtin name gives :func:`length_preference_pairs` ``()``.
+    ``{"pairs": [...]}`` (docs/preference.md §3.7). The builtin name gives :func:`length_preference_pairs` ``()``.
     """
     if source is None:
         return []

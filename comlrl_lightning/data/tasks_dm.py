@@ -1,7 +1,7 @@
 """TaskDataModule: task items, formatters, the task-reward oracle and the external transition.
 
 The train dataloader yields one task item per step (batch size 1; the batch is ``[(index, item)]``), as the
-rollout-tree trainers consume it (multiturn.md §2.1). ``eval_items``, ``formatters`` and ``oracle`` are the
+rollout-tree trainers consume it (docs/multiturn.md §2.1). ``eval_items``, ``formatters`` and ``oracle`` are the
 attributes :class:`~comlrl_lightning.callbacks.TaskRewardEvaluation` reads.
 """
 

@@ -8,7 +8,7 @@ When agents share parameters (one model object passed for several agents) the mo
 step by step instead: a detached pass for all margins, then per agent a graded pass, backward and step.
 
 ``trainer.global_step`` counts every optimizer step of every agent (num_agents per update). The module
-also tracks ``env_step`` (environment_steps_per_pair per trained pair, spec §7.4) and ``updates_seen``.
+also tracks ``env_step`` (environment_steps_per_pair per trained pair, docs/preference.md §7.4) and ``updates_seen``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ torch.serialization.add_safe_globals([MADPOConfig, MADPOIterConfig])
 
 
 class MADPOModule(TeamModuleBase):
-    """Multi-agent DPO (spec preference.md §7).
+    """Multi-agent DPO (docs/preference.md §7).
 
     Args as :class:`~comlrl_lightning.modules.base.TeamModuleBase`, with ``args`` a
     :class:`~comlrl_lightning.config.MADPOConfig` (dpo_beta, agent_learning_rate, ...). The schedulers step
@@ -111,7 +111,8 @@ class MADPOModule(TeamModuleBase):
         self._accum = 0
 
     def _sequential_step(self, batch: dict, optimizers: list, beta: float):
-        """Spec §7.1 literally: detached margins of all agents, then per agent a graded pass and a step."""
+        """docs/preference.md §7.1 literally: detached margins of all agents, then per agent a graded pass and a
+        step."""
         n = self.team.num_agents
         with torch.no_grad():
             det = [self._agent_logps(batch, i, grad=False) for i in range(n)]

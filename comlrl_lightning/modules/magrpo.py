@@ -1,21 +1,22 @@
 """MAGRPOModule: multi-agent GRPO and its REINFORCE-family variants over multi-turn rollout trees.
 
-One training step = one task item = one rollout tree (multiturn.md §2.1-2.7, built by
+One training step = one task item = one rollout tree (docs/multiturn.md §2.1-2.7, built by
 :func:`comlrl_lightning.multiturn.tree.build_tree`). The tree's node samples enter per-agent buffers in
 env-step order; an agent whose buffer holds ``rollout_buffer_size`` samples is drained: its samples are
 split by turn, shuffled, cut into minibatches of ``train_batch_size`` node samples, one AdamW step each
-(§2.9). Remaining samples are flushed at the last step of every epoch.
+(docs/multiturn.md §2.9). Remaining samples are flushed at the last step of every epoch.
 
-Loss of one node sample (K completions y_k of prompt x, advantages Â_k; §2.8):
+Loss of one node sample (K completions y_k of prompt x, advantages Â_k; docs/multiturn.md §2.8):
 ``L = (1/K') Σ_k −Â_k Σ_t log π(y_kt | x, y_k,<t)`` over the completion tokens up to and including the
-first EOS (never the padding after it: decision 4); a minibatch's loss is the mean of its samples' losses.
+first EOS (never the padding after it: docs/decisions.md, decision 4); a minibatch's loss is the mean of its samples'
+losses.
 
-Deliberate deviations from upstream 1.4.3 (documented choices, spec §13): padding after EOS is masked;
+Deliberate deviations from upstream 1.4.3 (documented choices, docs/multiturn.md §13): padding after EOS is masked;
 the prompt length is the true prompt length; ``crossed`` means ``cross`` everywhere (also in the credit
 assignment); ``joint_mode`` and ``advantage_mode`` are checked in the config; a non-finite loss raises
 instead of being replaced by 0.1; rewards in cross mode use the same signature dispatch as aligned mode.
 
-Counters: ``env_step`` (+B per tree node, spec §2.2), ``updates_seen`` (training items processed; the
+Counters: ``env_step`` (+B per tree node, docs/multiturn.md §2.2), ``updates_seen`` (training items processed; the
 evaluation callback's clock, like upstream's ``batch_idx``), ``optimizer_steps`` (AdamW steps of all
 agents). ``trainer.global_step`` counts the optimizer steps taken inside ``training_step`` (every agent's).
 """
@@ -108,7 +109,7 @@ class MAGRPOModule(TeamModuleBase):
 
     @torch.no_grad()
     def _sequence_kls(self, agent: int, draw: AgentDraw) -> list[float]:
-        """k3 KL of each completion against the frozen reference, at generation time (§9)."""
+        """k3 KL of each completion against the frozen reference, at generation time (docs/multiturn.md §9)."""
         k = len(draw.completion_ids)
         batch = completion_batch([draw.prompt_ids] * k, draw.completion_ids, self.team.tokenizers[agent])
         batch = {key: v.to(self.device) for key, v in batch.items()}
@@ -165,8 +166,8 @@ class MAGRPOModule(TeamModuleBase):
     @torch.no_grad()
     def evaluate_turns(self, items: Sequence[dict], formatters: Sequence, oracle: Any, transition: Any = None,
                        samples_per_item: int = 1, seed: int = 12345, prompt_field: str = "prompt") -> dict:
-        """Multi-turn evaluation on single sampled paths (spec §10.2): per item and sample, every agent writes
-        one completion per turn, later turns go through the transition, no early termination.
+        """Multi-turn evaluation on single sampled paths (docs/multiturn.md §10.2): per item and sample, every agent
+        writes one completion per turn, later turns go through the transition, no early termination.
 
         Returns ``eval/turn_{t}/reward_mean`` (mean immediate reward of turn t) and
         ``eval/turn_{t}/expected_return`` (mean undiscounted reward-to-go from turn t). Uses its own seeded
@@ -216,7 +217,8 @@ class MAGRPOModule(TeamModuleBase):
         for index, item in batch:
             _, samples = self.rollout(item, index, dm.formatters, oracle, getattr(dm, "external_transition", None),
                                       getattr(dm, "prompt_field", "prompt"))
-            # §2.9: group by node env_step (pre-order), agents in index order; drain ready agents per group.
+            # docs/multiturn.md §2.9: group by node env_step (pre-order), agents in index order; drain ready agents per
+            # group.
             for _, group in itertools.groupby(samples, key=lambda s: s.env_step):
                 ready = []
                 for s in group:
@@ -295,7 +297,8 @@ class MAGRPOModule(TeamModuleBase):
         return float(loss.detach())
 
     def _log_group(self, agent: int, turn: int, group: Sequence[NodeSample], losses: Sequence[float]) -> None:
-        """One entry per (agent, turn group) per drain, gated by ``logging_steps`` on env_step (§10.1)."""
+        """One entry per (agent, turn group) per drain, gated by ``logging_steps`` on env_step
+        (docs/multiturn.md §10.1)."""
         step = max(s.env_step for s in group)
         gate = self.args.logging_steps
         if not (gate <= 1 or self._last_logged_step is None or step - self._last_logged_step >= gate):
@@ -338,7 +341,7 @@ class MAGRPOModule(TeamModuleBase):
 
 
 def check_transition(args: Any, transition: Any, algorithm: str = "MAGRPO") -> None:
-    """Multi-turn needs an external transition (spec §5); raise the upstream message otherwise."""
+    """Multi-turn needs an external transition (docs/multiturn.md §5); raise the upstream message otherwise."""
     if args.num_turns > 1 and transition is None:
         raise ValueError(f"Multi-turn {algorithm} requires an external_transition (num_turns={args.num_turns}). "
                          "Pass external_transition= (e.g. comlrl_lightning.multiturn.transitions.plain_transition) "

@@ -1,12 +1,12 @@
-"""MARLHF's RL stage as LightningModules: the RL backends trained on a learned reward (spec §8.5, §9).
+"""MARLHF's RL stage as LightningModules: the RL backends trained on a learned reward (docs/preference.md §8.5, §9).
 
 * :class:`MARLHFModule`: the MAGRPO family (``rl_algorithm`` magrpo / mareinforce / marloo / maremax; the
   config has already forced ``advantage_mode``), i.e. :class:`~comlrl_lightning.modules.magrpo.MAGRPOModule`
   driven by a :class:`~comlrl_lightning.config.MARLHFConfig`.
 * :class:`MARLHFActorCriticModule`: ``rl_algorithm`` iac / maac, i.e.
   :class:`~comlrl_lightning.modules.actor_critic.ActorCriticModule` with the IAC/MAAC config MARLHF forwards
-  (§9.2). ``module.args`` reads the backend's options first, then MARLHF's (so the round callbacks find
-  ``preference_num_candidates`` & co.).
+  (docs/preference.md §9.2). ``module.args`` reads the backend's options first, then MARLHF's (so the round callbacks
+  find ``preference_num_candidates`` & co.).
 
 Both train only on ``train_oracle`` (the learned reward), which a reward-model callback
 (:class:`~comlrl_lightning.callbacks.LearnedRewardFit` or
@@ -36,7 +36,8 @@ ALGORITHM_NAMES = {"magrpo": "MAGRPO", "mareinforce": "MAREINFORCE", "maremax": 
 
 
 def default_reward_source(agent_model: Any, agents: Sequence[Any] | None) -> str | None:
-    """The agents' model name when it is one string (the reward model's fallback source, §8.2), else None."""
+    """The agents' model name when it is one string (the reward model's fallback source, docs/preference.md §8.2), else
+    None."""
     if agents is None:
         return agent_model if isinstance(agent_model, str) else None
     agents = list(agents)
@@ -135,7 +136,7 @@ class _ArgsView:
 
 
 class MARLHFActorCriticModule(_SkipWithoutLearnedReward, ActorCriticModule):
-    """The actor-critic RL stage of MARLHF (``rl_algorithm`` iac or maac; spec §9.2).
+    """The actor-critic RL stage of MARLHF (``rl_algorithm`` iac or maac; docs/preference.md §9.2).
 
     Args as :class:`~comlrl_lightning.modules.actor_critic.ActorCriticModule`, with ``args`` a MARLHF config;
     the IAC/MAAC config is derived from it (:meth:`MARLHFConfig.actor_critic_config`). Critic sources:

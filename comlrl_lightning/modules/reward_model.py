@@ -1,4 +1,4 @@
-"""JointRewardModel: a causal-LM backbone with a scalar head, trained on preference pairs (spec §8).
+"""JointRewardModel: a causal-LM backbone with a scalar head, trained on preference pairs (docs/preference.md §8).
 
 The backbone is the base model of ``AutoModelForCausalLM`` (the LM head is dropped: only the last layer's
 hidden states are needed). The head is ``Linear(hidden_size, 1)`` with bias and PyTorch's default init, in
@@ -12,7 +12,7 @@ Training is plain automatic optimization: per batch of B pairs one forward over 
 :class:`~comlrl_lightning.data.reward_pairs.RewardPairDataModule`), the Bradley–Terry loss
 ``mean_b −log σ(r_chosen,b − r_rejected,b)``, one AdamW step (lr ``reward_learning_rate``) per batch.
 
-Fresh model per round (MARLHFIter, spec §8.3): :meth:`JointRewardModel.fresh` builds a new module from the
+Fresh model per round (MARLHFIter, docs/preference.md §8.3): :meth:`JointRewardModel.fresh` builds a new module from the
 same source (reloaded from disk, or a new deep copy of the pristine model object) with a new head;
 :meth:`JointRewardModel.reinitialize` does the same in place. Nothing is shared with the trained model, and
 a new ``Trainer.fit`` creates a new optimizer.
@@ -50,7 +50,7 @@ def _base_model(model: nn.Module) -> nn.Module:
 
 
 class JointRewardModel(L.LightningModule):
-    """Scalar reward of a joint multi-agent response (spec preference.md §8).
+    """Scalar reward of a joint multi-agent response (docs/preference.md §8).
 
     Args:
         model: the backbone source: a hub id, a local folder, ``embedded:tiny``, or a model object (a causal
@@ -200,7 +200,7 @@ class JointRewardModel(L.LightningModule):
         completions_per_pair: Sequence[Sequence[str]],
         batch_size: int = 16,
     ) -> list[float]:
-        """Rewards of joint responses (spec §8.4-8.5): entry j scores ``completions_per_pair[j]`` given
+        """Rewards of joint responses (docs/preference.md §8.4-8.5): entry j scores ``completions_per_pair[j]`` given
         ``prompts_per_pair[j]`` (one text per agent), in eval mode and without grad. The training mode is
         restored afterwards.
 

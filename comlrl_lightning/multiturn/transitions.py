@@ -1,6 +1,6 @@
 """External transitions: the user's callable that turns one turn's completions into next-turn prompts.
 
-A transition is a plain callable with upstream's signature (multiturn.md §5)::
+A transition is a plain callable with upstream's signature (docs/multiturn.md §5)::
 
     transition(prompt, agent_completions, num_agents,
                prompt_history_per_agent=..., response_history_per_agent=...) -> list of N prompt strings
@@ -11,7 +11,7 @@ branch up to and including that turn. Nothing else is ever passed: bind extra op
 ``functools.partial``.
 
 :func:`call_transition` calls it the way upstream does (keywords only) and validates the result;
-:func:`next_prompts` turns the returned strings into the prompts the agents see (§7.3);
+:func:`next_prompts` turns the returned strings into the prompts the agents see (docs/multiturn.md §7.3);
 :func:`plain_transition` is a ready-made transition (history + a revise instruction).
 """
 
@@ -133,7 +133,7 @@ def next_prompts(
     passthrough: bool,
     prompt_field: str = "prompt",
 ) -> list[str]:
-    """The prompts the agents see at a later turn, from the transition's per-agent strings (§7.3).
+    """The prompts the agents see at a later turn, from the transition's per-agent strings (docs/multiturn.md §7.3).
 
     With ``passthrough`` the string is the prompt. Otherwise agent a's formatter is applied to a shallow
     copy of ``item`` whose ``prompt_field`` is the string (and, if the formatter declares an

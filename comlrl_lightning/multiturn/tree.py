@@ -1,4 +1,4 @@
-"""The multi-turn MAGRPO rollout tree of one task item (multiturn.md §2.2-2.7).
+"""The multi-turn MAGRPO rollout tree of one task item (docs/multiturn.md §2.2-2.7).
 
 Each node samples K = ``num_generations`` completions per agent (one ``sample`` call per agent per node),
 forms B joint actions (aligned: B = K, joint action j = the j-th completion of every agent; cross: B = K^N,
@@ -8,12 +8,12 @@ unless it is at the last turn or early-terminated, expands one child per joint a
 
 Returns are undiscounted and tree-averaged: R(j) = r(j) + mean over the child's B returns (a leaf: R = r).
 Per agent, the return vector over its own K completions is R itself (aligned) or, in cross mode, the
-**sum** of the joint returns that use each completion (§2.6; ``crossed`` is ``cross`` everywhere).
-Reference KL shapes that vector at its own node only: G'_k = G_k − β·KL_k (§2.7, §9); then the baseline
-and normalisation over the K siblings (:func:`comlrl_lightning.losses.group_advantages`).
+**sum** of the joint returns that use each completion (docs/multiturn.md §2.6; ``crossed`` is ``cross`` everywhere).
+Reference KL shapes that vector at its own node only: G'_k = G_k − β·KL_k (docs/multiturn.md §2.7, §9); then the
+baseline and normalisation over the K siblings (:func:`comlrl_lightning.losses.group_advantages`).
 
 The builder is model-free: ``sample``, ``reward`` and ``transition`` are injected callables, so tree shapes
-and call counts can be tested without a model. Call counts per item without early termination (§2.3):
+and call counts can be tested without a model. Call counts per item without early termination (docs/multiturn.md §2.3):
 ``sample`` N·Σ_{t<T} B^t, ``reward`` Σ_{t<T} B^{t+1}, ``transition`` Σ_{t<T-1} B^{t+1}, env_step
 advance Σ_{t<T} B^{t+1}.
 """
@@ -79,7 +79,7 @@ class Node:
 
 @dataclass
 class NodeSample:
-    """One agent's training sample from one node: K completions with their advantages (§2.6)."""
+    """One agent's training sample from one node: K completions with their advantages (docs/multiturn.md §2.6)."""
 
     agent: int
     turn: int
@@ -100,7 +100,7 @@ RewardFn = Callable[[list[str], list[str], int, tuple[int, ...]], float]
 """``reward(prompts, joint_texts, turn, path) -> float``: the processed, checked joint reward."""
 TransitionFn = Callable[[list[str], list[list[str]], list[list[str]], int, tuple], list[tuple[str, str]]]
 """``transition(joint_texts, prompt_history, response_history, turn, path) -> per agent (prompt, prompt_used)``
-for turn+1: the external transition's strings already resolved through the formatters (§7.3)."""
+for turn+1: the external transition's strings already resolved through the formatters (docs/multiturn.md §7.3)."""
 
 
 def joint_actions(num_agents: int, k: int, joint_mode: str) -> list[tuple[int, ...]]:
@@ -172,7 +172,7 @@ def build_tree(
 
 
 def agent_returns(node: Node, agent: int, num_generations: int) -> list[float]:
-    """G_a over agent a's own K completions (§2.6): the joint returns (aligned) or, in cross mode, for
+    """G_a over agent a's own K completions (docs/multiturn.md §2.6): the joint returns (aligned) or, in cross mode, for
     each completion k the **sum** of the returns of the joint actions whose a-component is k. (In aligned
     mode exactly one joint action uses completion k, so the sum is R(k) itself.)"""
     out = [0.0] * num_generations

@@ -1,4 +1,4 @@
-"""IACTrainer and MAACTrainer: the facades CoMLRL users expect (spec multiturn.md §8.1).
+"""IACTrainer and MAACTrainer: the facades CoMLRL users expect (docs/multiturn.md §8.1).
 
 They only assemble ``lightning.Trainer`` + :class:`~comlrl_lightning.modules.actor_critic.ActorCriticModule` +
 :class:`~comlrl_lightning.data.tasks_dm.TaskDataModule` + task-reward evaluation. The same runs are reachable
@@ -77,7 +77,7 @@ class _ActorCriticTrainer(TeamTrainer):
 class IACTrainer(_ActorCriticTrainer):
     """Independent actor-critic: one critic per agent (separate critic LMs, or value heads on the actors).
 
-    Args follow CoMLRL (§8.1): ``agent_model``, ``critic_model``, ``tokenizer``, ``reward_func``,
+    Args follow CoMLRL (docs/multiturn.md §8.1): ``agent_model``, ``critic_model``, ``tokenizer``, ``reward_func``,
     ``reward_processor``, ``formatters``, ``args`` (:class:`~comlrl_lightning.config.IACConfig`),
     ``train_dataset``, ``eval_dataset``, ``model_config``, ``wandb_config``, ``metrics_callback``,
     ``external_transition``, ``agents``, ``critics``; plus ``critic_model_name``, ``lora``, extra ``callbacks``

@@ -1,4 +1,4 @@
-"""Checks shared by the facades (CoMLRL's constructor errors, spec preference.md §2.7)."""
+"""Checks shared by the facades (CoMLRL's constructor errors, docs/preference.md §2.7)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def round_callbacks(args: MADPOIterConfig, comparator: Any = None) -> list[L.Cal
 
 
 class MADPOIterTrainer(TeamTrainer):
-    """Iterative MADPO (spec §10): ``num_iterations`` rounds, each collecting pairs against a comparator.
+    """Iterative MADPO (docs/preference.md §10): ``num_iterations`` rounds, each collecting pairs against a comparator.
 
     Args mirror :class:`~comlrl_lightning.trainers.preference.MADPOTrainer`; ``args`` is a
     :class:`~comlrl_lightning.config.MADPOIterConfig`. ``comparator`` overrides the source built from

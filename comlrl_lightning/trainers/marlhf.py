@@ -1,4 +1,5 @@
-"""MARLHFTrainer and MARLHFIterTrainer: reward model from preferences, then RL on the learned reward (spec §10).
+"""MARLHFTrainer and MARLHFIterTrainer: reward model from preferences, then RL on the learned reward
+(docs/preference.md §10).
 
 Thin facades that assemble ``lightning.Trainer`` + an RL module
 (:func:`~comlrl_lightning.modules.marlhf.build_marlhf_module`: the MAGRPO family or IAC/MAAC, by
@@ -49,9 +50,9 @@ def _check_reward_source(agent_model: Any, agents: Any, args: MARLHFConfig, rewa
 
 
 class MARLHFTrainer(TeamTrainer):
-    """Offline MARLHF: pairs (task reward) → JointRewardModel → RL with the learned reward (spec §10).
+    """Offline MARLHF: pairs (task reward) → JointRewardModel → RL with the learned reward (docs/preference.md §10).
 
-    Args mirror CoMLRL's (spec §2.7): ``agent_model`` or ``agents``, ``num_agents``, ``tokenizer``,
+    Args mirror CoMLRL's (docs/preference.md §2.7): ``agent_model`` or ``agents``, ``num_agents``, ``tokenizer``,
     ``model_config``, ``train_dataset``, ``eval_dataset``, ``reward_func``, ``reward_processor``,
     ``formatters``, ``args`` (:class:`~comlrl_lightning.config.MARLHFConfig`); keyword-only
     ``metrics_callback``, ``critic_model`` and ``critics`` (maac/iac only). Ours: ``reward_model`` (a
@@ -126,7 +127,7 @@ class MARLHFTrainer(TeamTrainer):
 
 
 class MARLHFIterTrainer(MARLHFTrainer):
-    """Iterative MARLHF (spec §10): ``num_iterations`` rounds of current-vs-comparator pairs → a freshly
+    """Iterative MARLHF (docs/preference.md §10): ``num_iterations`` rounds of current-vs-comparator pairs → a freshly
     initialised reward model fitted on the round's (replay-selected) pairs → ``num_train_epochs`` RL epochs.
 
     Args as :class:`MARLHFTrainer` with ``args`` a :class:`~comlrl_lightning.config.MARLHFIterConfig`,

@@ -21,7 +21,7 @@ from comlrl_lightning.trainers.base import TeamTrainer
 class MADPOTrainer(TeamTrainer):
     """Offline MADPO: collect pairs once with the task reward, then ``num_train_epochs`` DPO epochs.
 
-    Args mirror CoMLRL's (spec §2.7): ``agent_model`` or ``agents``, ``tokenizer``, ``train_dataset``,
+    Args mirror CoMLRL's (docs/preference.md §2.7): ``agent_model`` or ``agents``, ``tokenizer``, ``train_dataset``,
     ``eval_dataset``, ``reward_func``, ``reward_processor``, ``formatters``, ``args``; plus ``model_config``,
     ``lora``, extra ``callbacks``, ``trainer_kwargs`` for ``lightning.Trainer`` and CoMLRL's ``wandb_config``
     (a ``WandbLogger`` unless ``trainer_kwargs`` sets a logger).

@@ -1,4 +1,4 @@
-"""MAGRPOTrainer, MAREINFORCETrainer, MARLOOTrainer, MAReMaxTrainer: CoMLRL's constructors (spec §8.1) as
+"""MAGRPOTrainer, MAREINFORCETrainer, MARLOOTrainer, MAReMaxTrainer: CoMLRL's constructors (docs/multiturn.md §8.1) as
 thin facades over :class:`~comlrl_lightning.modules.magrpo.MAGRPOModule` + :class:`TaskDataModule` +
 :class:`~comlrl_lightning.callbacks.TaskRewardEvaluation` + ``lightning.Trainer``.
 
@@ -22,7 +22,7 @@ from comlrl_lightning.trainers.base import TeamTrainer
 class MAGRPOTrainer(TeamTrainer):
     """Multi-agent GRPO over (multi-turn) rollout trees.
 
-    Args mirror CoMLRL's (spec §8.1): ``agent_model`` or ``agents``, ``num_agents``, ``tokenizer``,
+    Args mirror CoMLRL's (docs/multiturn.md §8.1): ``agent_model`` or ``agents``, ``num_agents``, ``tokenizer``,
     ``model_config``, ``train_dataset``, ``eval_dataset``, ``reward_func``, ``reward_processor``,
     ``formatters``, ``external_transition``, ``args``; plus ``lora``, extra ``callbacks`` and
     ``trainer_kwargs`` for ``lightning.Trainer``. ``wandb_config`` (a dict with ``project``, ``entity``,

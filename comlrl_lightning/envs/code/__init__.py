@@ -1,5 +1,5 @@
 """The code-collaboration environment: agent 0 writes a helper ``aux(...)``, agent 1 the
-entry-point function that may call it (multiturn.md §5.1, §6).
+entry-point function that may call it (docs/multiturn.md §5.1, §6).
 
 - :mod:`.sandbox`: run model code against HumanEval-style tests in an isolated child process.
 - :mod:`.analysis`: extract the functions from model text; static checks.

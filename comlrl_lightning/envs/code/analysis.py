@@ -1,4 +1,4 @@
-"""Static analysis of the two agents' code (multiturn.md §5.1): extraction, definitions, syntax,
+"""Static analysis of the two agents' code (docs/multiturn.md §5.1): extraction, definitions, syntax,
 aux usage. Pure functions on strings; nothing here executes model code.
 
 Agent 0 ("aux") writes a helper ``aux(...)``; agent 1 ("main") writes the entry-point function,

@@ -1,4 +1,4 @@
-"""HumanEval test code -> standalone test cases for the sandbox (multiturn.md §5.1).
+"""HumanEval test code -> standalone test cases for the sandbox (docs/multiturn.md §5.1).
 
 :func:`extract_test_cases` turns the asserts of ``check(candidate)`` into one case each and
 :func:`test_setup_code` keeps what the cases need from the rest of the test module. Pure parsing with

@@ -1,10 +1,10 @@
 """Per-agent formatters of the code environment (agent 0 writes ``aux``, agent 1 the entry point).
 
-Both follow the library's formatter protocol (multiturn.md §7.1): ``formatter(item,
+Both follow the library's formatter protocol (docs/multiturn.md §7.1): ``formatter(item,
 external_prompts=None) -> str``. At turn 0 they build the instruction from the item's
 ``prompt`` and ``entry_point``. When an external transition supplies a follow-up prompt
 (``external_prompts``), they return it unchanged: the transitions of this package already write
-complete prompts, and re-wrapping feedback text as a "problem" is the upstream pitfall of §12.20.
+complete prompts, and re-wrapping feedback text as a "problem" is the upstream pitfall of docs/multiturn.md §5.1.
 Where upstream answers "Error: Could not extract function information from prompt." (no
 ``def <entry_point>(...)`` in the prompt), these formatters use the signature ``def name(...)``.
 """

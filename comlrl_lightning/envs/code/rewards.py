@@ -1,4 +1,4 @@
-"""Reward of the aux/main code task (multiturn.md §5.1 "Reward", upstream ``code_rewards.py``).
+"""Reward of the aux/main code task (docs/multiturn.md §5.1 "Reward", upstream ``code_rewards.py``).
 
 Per joint completion (aux from agent 0, entry point from agent 1), at most 4.0:
 
@@ -20,7 +20,7 @@ with a ``timeout_s`` (10 s) alarm; after ``max_timeouts`` (3) timeouts the remai
 as failed.
 
 ``reward_func(completions_agent0, completions_agent1, *, batch_items)`` fits the dispatch rules of
-§6.1 (two positional parameters for N = 2, ``batch_items`` by keyword). ``batch_items`` holds
+docs/multiturn.md §6.1 (two positional parameters for N = 2, ``batch_items`` by keyword). ``batch_items`` holds
 one task dict per completion (``prompt``, ``test``, ``entry_point``), or a single item for all.
 """
 

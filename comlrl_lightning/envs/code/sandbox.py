@@ -20,7 +20,7 @@ One child runs the code once and then every test case in turn, each under its ow
 (``timeout_s``), and reports one JSON line per case on a private pipe. The parent also keeps a
 wall-clock deadline per case; when a case hangs in a way the alarm cannot interrupt, or the child
 dies (segfault, ``os._exit``, memory), the parent kills the whole child, marks that case failed and
-starts a new child for the remaining cases. Timeouts follow the spec (multiturn.md §5.1): each
+starts a new child for the remaining cases. Timeouts follow the spec (docs/multiturn.md §5.1): each
 timed-out case fails with ``TimeoutException``; once ``max_timeouts`` cases have timed out, the
 remaining cases are marked failed without running (``skipped=True``). At the end the child's
 whole process group is killed; in a pid namespace every process the code started dies with it.
@@ -368,7 +368,7 @@ def run_cases(
 ) -> list[TestResult]:
     """Run `code`, then `setup`, then each assert in `cases` in the sandbox; one result per case.
 
-    A failure while running `code` or `setup` fails every case with that error (spec §5.1).
+    A failure while running `code` or `setup` fails every case with that error (docs/multiturn.md §5.1).
     Options: ``memory_mb`` (1024), ``max_processes`` (32), ``max_file_mb`` (16),
     ``max_open_files`` (64), ``block_sockets`` (None = only without a network namespace),
     ``namespaces`` (True), ``sandbox_uid``/``sandbox_gid`` (65534, used when running as root),

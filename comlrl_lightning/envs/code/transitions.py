@@ -1,4 +1,4 @@
-"""External transitions of the code environment (multiturn.md §5 and §5.1).
+"""External transitions of the code environment (docs/multiturn.md §5 and §5.1).
 
 ``make_code_transition(mode, problems=..., **options)`` returns a :class:`CodeTransition`, a
 callable with the standard signature::
@@ -58,7 +58,7 @@ def normalize_mode(mode: str) -> str:
 
 
 def parse_sandbox_slice(value) -> int | None:
-    """``sandbox_slice`` option (spec §5.1): "all" -> 0; numeric string -> int; other string ->
+    """``sandbox_slice`` option (docs/multiturn.md §5.1): "all" -> 0; numeric string -> int; other string ->
     None; int -> itself; None -> None; any other type -> 0. 0 and None both mean all tests."""
     if value is None:
         return None
