@@ -11,7 +11,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from conftest import cpu_trainer_kwargs
-from test_iterative_rounds import iter_args, task_items
+from iterative_helpers import iter_args, task_items
 
 from comlrl_lightning.callbacks import (
     ComparatorRefresh,

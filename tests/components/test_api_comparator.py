@@ -60,7 +60,7 @@ def test_client_is_a_component_without_torch_or_lightning():
     # the expert client of the code environment uses it: it must stay light (stdlib, httpx, the formats)
     code = ("import sys, comlrl_lightning.comparators.api_client; "
             "print(sorted(m for m in ('torch', 'lightning', 'transformers') if m in sys.modules))")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
     assert out.stdout.strip() == "[]"
 

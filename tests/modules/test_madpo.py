@@ -17,7 +17,7 @@ from comlrl_lightning.logprobs import build_scoring_batch, sequence_logps
 from comlrl_lightning.losses import madpo_loss, madpo_loss_detached_others
 from comlrl_lightning.trainers.preference import MADPOTrainer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ITEMS = [{"prompt": f"Topic: {t}."} for t in ("rivers", "bread", "trains", "music", "owls", "maps")]
 
 

@@ -14,7 +14,7 @@ from comlrl_lightning.modules.actor_critic import ActorCriticModule
 from comlrl_lightning.modules.base import TeamModuleBase
 from comlrl_lightning.modules.madpo import MADPOModule
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"max_new_tokens": 4, "agent_learning_rate": 1e-2, "critic_learning_rate": 3e-3, "num_train_epochs": 1,
          "eval_interval": 0}
 

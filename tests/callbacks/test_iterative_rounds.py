@@ -1,6 +1,6 @@
 """MADPOIterTrainer rounds as epochs: round files, metrics, empty rounds, setup errors, plain Trainer use.
 
-The small builders at the top are shared by the other ``test_iterative_*`` files.
+The small builders shared with the other iterative tests live in ``iterative_helpers.py``.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import json
 import lightning as L
 import pytest
 from conftest import cpu_trainer_kwargs
+from iterative_helpers import StepRecorder, _plain_parts, iter_args, make_trainer
 
 from comlrl_lightning.callbacks import (
     ComparatorRefresh,
@@ -17,50 +18,7 @@ from comlrl_lightning.callbacks import (
     IterativePreferenceCollection,
     ReplaySelection,
 )
-from comlrl_lightning.config import MADPOIterConfig
-from comlrl_lightning.data.iterative import IterativePreferenceDataModule
-from comlrl_lightning.data.tasks import load_task_items
-from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
-from comlrl_lightning.modules.madpo import MADPOModule
 from comlrl_lightning.preferences import PAIR_FIELDS
-
-
-def task_items(n: int = 6) -> list[dict]:
-    return load_task_items("builtin:cooperative")[:n]
-
-
-def iter_args(**overrides) -> MADPOIterConfig:
-    kw = {"num_iterations": 2, "preference_num_candidates": 4, "preference_pairs_per_sample": 2, "train_batch_size": 4,
-              "max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0, "top_k": None, "agent_learning_rate": 1e-2,
-              "eval_interval": 0, "eval_num_samples": 2, "seed": 0}
-    kw.update(overrides)
-    return MADPOIterConfig(**kw)
-
-
-def make_trainer(model_dir, root, args=None, num_items: int = 6, reward_func=cooperative_reward, callbacks=(),
-                 trainer_kwargs=None, **kw):
-    from comlrl_lightning.trainers.iterative import MADPOIterTrainer
-
-    tk = cpu_trainer_kwargs(default_root_dir=str(root))
-    tk.update(trainer_kwargs or {})
-    return MADPOIterTrainer(agent_model=str(model_dir), train_dataset=task_items(num_items), eval_dataset=None,
-                            reward_func=reward_func, formatters=FORMATTERS, args=args or iter_args(),
-                            evaluation=False, callbacks=callbacks, trainer_kwargs=tk, **kw)
-
-
-class StepRecorder(L.Callback):
-    """Per-step losses and each epoch's training pairs (as JSON records)."""
-
-    def __init__(self):
-        self.losses: list[tuple[int, float]] = []
-        self.epoch_pairs: dict[int, list[dict]] = {}
-
-    def on_train_epoch_start(self, trainer, pl_module):
-        self.epoch_pairs[trainer.current_epoch] = [p.to_json() for p in trainer.datamodule.pairs]
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self.losses.append((trainer.current_epoch, float(loss)))
 
 
 def test_two_rounds_write_round_files_and_log_metrics(tiny_model_dir, tmp_path):
@@ -113,13 +71,6 @@ def test_round_with_no_pairs_trains_nothing_and_fit_goes_on(tiny_model_dir, tmp_
         assert data == {"iteration": i, "num_pairs": 0, "pairs": []}
 
 
-def _plain_parts(model_dir, tmp_path, args):
-    module = MADPOModule(agent_model=str(model_dir), args=args)
-    dm = IterativePreferenceDataModule(train_dataset=task_items(4), eval_dataset=None, reward_func=cooperative_reward,
-                                       formatters=FORMATTERS, num_agents=2, replay_dir=str(tmp_path / "replay"))
-    return module, dm
-
-
 def test_callbacks_in_a_plain_user_trainer(tiny_model_dir, tmp_path):
     args = iter_args(num_iterations=2, num_train_epochs=2, preference_replay_mode="all_history",
                      preference_replay_sample_size=5, policy_checkpoint_dir=str(tmp_path / "snaps"))
@@ -162,7 +113,7 @@ def test_iterative_yaml_parses_and_runs(tmp_path, monkeypatch, capsys):
 
     from comlrl_lightning.cli import main
 
-    cfg = str(Path(__file__).resolve().parents[1] / "configs/madpo/iterative_tiny.yaml")
+    cfg = str(Path(__file__).resolve().parents[2] / "configs/madpo/iterative_tiny.yaml")
     with pytest.raises(SystemExit) as exc:
         main(["fit", "--config", cfg, "--print_config"])
     assert exc.value.code == 0

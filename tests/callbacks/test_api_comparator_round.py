@@ -8,9 +8,9 @@ import logging
 
 import pytest
 from fake_llm_server import FakeLLMServer, http_error, rate_limited
+from iterative_helpers import iter_args, make_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
-from test_iterative_rounds import iter_args, make_trainer
 
 from comlrl_lightning.comparators.centralized import CentralizedComparatorParseError
 
@@ -139,7 +139,7 @@ def test_cli_saved_config_has_no_literal_key(tmp_path, monkeypatch):
 
     from comlrl_lightning.cli import main
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(tmp_path)
     main(["fit", "--config", str(root / "configs/madpo/tiny.yaml"), "--trainer.max_epochs=0",
           "--model.init_args.args.preference_num_candidates=2", "--model.init_args.args.max_new_tokens=2",

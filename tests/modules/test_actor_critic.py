@@ -22,7 +22,7 @@ from comlrl_lightning.multiturn.transitions import plain_transition
 from comlrl_lightning.rewards import RewardOracle
 from comlrl_lightning.trainers.actor_critic import IACTrainer, MAACTrainer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ITEMS = [{"prompt": f"Topic: {t}."} for t in ("rivers", "bread", "trains", "music", "owls", "maps")]
 SMALL = {"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0, "agent_learning_rate": 1e-2,
          "critic_learning_rate": 1e-2, "num_train_epochs": 1, "eval_interval": 0}

@@ -27,7 +27,7 @@ from comlrl_lightning.reward_model import (
     prompt_part_length,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from test_iterative_rounds import iter_args, make_trainer, task_items
+from iterative_helpers import iter_args, make_trainer, task_items
 
 from comlrl_lightning.comparators.local import (
     CurrentComparator,

@@ -18,7 +18,7 @@ from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.learned_reward import LearnedRewardOracle
 from comlrl_lightning.preferences import PreferencePair
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = {"num_train_epochs": 1, "num_generations": 2, "max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0, "top_k": None,
             "agent_learning_rate": 1e-2, "rollout_buffer_size": 1, "eval_interval": 0, "eval_num_samples": 2,
             "preference_num_candidates": 4, "preference_pairs_per_sample": 2, "reward_learning_rate": 1e-3,

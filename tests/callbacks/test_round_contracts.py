@@ -13,7 +13,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 from conftest import cpu_trainer_kwargs
-from test_iterative_rounds import _plain_parts, iter_args, task_items
+from iterative_helpers import _plain_parts, iter_args, task_items
 
 from comlrl_lightning.callbacks import (
     ComparatorRefresh,
@@ -27,7 +27,7 @@ from comlrl_lightning.data.iterative import IterativePreferenceDataModule
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.protocols import Comparator, RoundData, TeamModule, check_protocol
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 class RecordingComparator(CurrentComparator):

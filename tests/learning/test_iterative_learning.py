@@ -4,7 +4,7 @@ the current agents rises over rounds on the built-in cooperative task."""
 from __future__ import annotations
 
 import pytest
-from test_iterative_rounds import iter_args, make_trainer
+from iterative_helpers import iter_args, make_trainer
 
 
 @pytest.mark.slow

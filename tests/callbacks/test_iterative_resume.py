@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 import torch
+from iterative_helpers import StepRecorder, iter_args, make_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from test_iterative_rounds import StepRecorder, iter_args, make_trainer
 
 
 def _args(**kw):

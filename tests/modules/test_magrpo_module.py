@@ -20,7 +20,7 @@ from comlrl_lightning.trainers.reinforce import (
     MARLOOTrainer,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ITEMS = [{"prompt": f"Topic: {t}."} for t in ("rivers", "bread", "trains", "music")]
 
 
@@ -268,7 +268,7 @@ def test_evaluation_callback_covers_every_turn_of_a_multiturn_run(tmp_path, monk
 
     from comlrl_lightning.cli import main
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(tmp_path)
     main(["fit", "--config", str(root / "configs/magrpo/multiturn_tiny.yaml"), "--trainer.max_epochs=1",
           "--trainer.limit_train_batches=1", "--trainer.enable_progress_bar=false",

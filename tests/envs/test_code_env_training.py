@@ -12,7 +12,7 @@ from comlrl_lightning.data.tasks import load_task_items
 from comlrl_lightning.envs.code import FORMATTERS, code_reward_func, make_code_transition
 from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Spy:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_iterative_rounds import iter_args, make_trainer
+from iterative_helpers import iter_args, make_trainer
 
 from comlrl_lightning.distributions import (
     bin_edges,
