@@ -403,7 +403,10 @@ def worker(part, channel, info, libc, in_pidns):
     sys.stdout, sys.stderr = _CappedSink(), _CappedSink()
     env = {"__name__": "__sandbox__", "__builtins__": builtins}
     exec("import math", env)  # noqa: S102 - upstream pre-seeds math
+    me = os.getpid()
     failure = _call_timed(lambda: exec(compile(code, "<solution>", "exec"), env), timeout_s)  # noqa: S102
+    if os.getpid() != me:
+        os._exit(0)
     _kill_children(in_pidns)
     if failure is not None:
         channel.send({"load_error": failure})
@@ -430,6 +433,8 @@ def worker(part, channel, info, libc, in_pidns):
             outcome["r"] = encode(result)
 
         failure = _call_timed(call, max(request["t"], 0.001))
+        if os.getpid() != me:  # a fork of the worker (the code called os.fork) returned: stay silent
+            os._exit(0)
         _kill_children(in_pidns)
         if failure is None:
             reply = {"r": outcome["r"]}
@@ -585,7 +590,10 @@ class Judge:
                             raise WorkerGone("MemoryError", "the sandbox exceeded its memory budget of "
                                              f"{self.memory_bytes >> 20} MB (all processes together)")
                         continue
-                return json.loads(line)
+                message = json.loads(line)
+                if type(message) is not dict or len(message) != 1:
+                    raise ValueError("malformed message from the test process")
+                return message
             except (EOFError, OSError, ValueError) as exc:
                 how = self.worker_died() if isinstance(exc, EOFError) else f"protocol error: {exc}"
                 self.kill_all()
@@ -610,7 +618,15 @@ class Judge:
                 how = judge.worker_died() or "CPU time limit exceeded"
                 judge.kill_all()
                 raise WorkerGone("SandboxCrash", how) from None
-            reply = judge.wait_reply("test case")
+            try:
+                reply = judge.wait_reply("test case")
+            except TimeoutException:  # the judge's alarm, while the worker still runs the call
+                judge.kill_all()
+                raise WorkerGone("TimeoutException", "test case timed out (killed)", True) from None
+            if not ({"r", "x", "e"} & reply.keys()) or ("e" in reply and not (
+                    type(reply["e"]) is list and len(reply["e"]) == 2)):
+                judge.kill_all()
+                raise WorkerGone("SandboxCrash", "protocol error: malformed reply from the test process")
             if "r" in reply:
                 try:
                     return decode(reply["r"])
@@ -639,7 +655,7 @@ def _judge_exec(source, filename, env, timeout_s, judge):
     """Run trusted test `source` with the case deadline. None on success, else (etype, msg, timed_out)."""
     judge.deadline = time.monotonic() + timeout_s + REPLY_GRACE_S
     try:
-        signal.setitimer(signal.ITIMER_REAL, timeout_s + REPLY_GRACE_S)
+        signal.setitimer(signal.ITIMER_REAL, timeout_s + 2 * REPLY_GRACE_S)
         try:
             exec(compile(source, filename, "exec"), env)  # noqa: S102 - trusted test code
         finally:
