@@ -430,7 +430,10 @@ def worker(part, channel, info, libc, in_pidns):
             if func is None:
                 raise NameError(f"name {request['f']!r} is not defined")
             result = func(*decode(request["a"]), **decode(request["k"]))
-            outcome["r"] = encode(result)
+            try:
+                outcome["r"] = encode(result)
+            except NotPlain as exc:
+                raise TypeError(f"the result cannot be checked: {exc}") from None
 
         failure = _call_timed(call, max(request["t"], 0.001))
         if os.getpid() != me:  # a fork of the worker (the code called os.fork) returned: stay silent

@@ -209,7 +209,10 @@ def _python_dirs(python: str) -> list[str]:
     """Directories the interpreter needs (its installation prefix, its stdlib), real paths."""
     dirs = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)}
     dirs.add(os.path.dirname(os.path.dirname(os.path.realpath(python))))
-    return sorted(d for d in dirs if d not in ("/", "/usr") and not d.startswith("/usr/"))
+    return sorted(
+        d for d in dirs
+        if d not in ("/", "/usr") and not d.startswith("/usr/") and os.access(d, os.R_OK | os.X_OK)
+    )
 
 
 def _bwrap_command(python: str, tmp_bytes: int, as_root: bool) -> list[str]:
