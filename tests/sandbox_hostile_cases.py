@@ -189,7 +189,7 @@ def connect_tcp_loopback(ws: Path):
         try:
             listener.accept()
             reached = True
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             reached = False
     finally:
         listener.close()
@@ -228,7 +228,7 @@ def connect_unix_sockets(ws: Path):
             try:
                 s.accept()
                 reached = True
-            except (socket.timeout, TimeoutError):
+            except TimeoutError:
                 pass
     finally:
         for s in listeners:

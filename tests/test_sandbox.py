@@ -9,12 +9,10 @@ from __future__ import annotations
 import os
 import re
 import socket
-import sys
 
 import pytest
 
 from comlrl_lightning.envs.code.sandbox import (
-    SandboxError,
     TestResult,
     extract_test_cases,
     isolation_info,
@@ -22,20 +20,10 @@ from comlrl_lightning.envs.code.sandbox import (
     run_cases,
     run_tests,
     run_tests_many,
+    unavailable_reason,
 )
 
-
-def _bwrap_error() -> str | None:
-    if sys.platform != "linux":
-        return "the sandbox needs Linux"
-    try:
-        isolation_info()
-    except SandboxError as exc:
-        return f"bubblewrap sandbox unavailable here: {exc}"
-    return None
-
-
-_SKIP = _bwrap_error()
+_SKIP = unavailable_reason()
 pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
 
 ONE = "def check(candidate):\n    assert candidate() == 1\n"

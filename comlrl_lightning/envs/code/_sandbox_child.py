@@ -425,7 +425,7 @@ def worker(part, channel, info, libc, in_pidns):
         sys.stdout, sys.stderr = _CappedSink(), _CappedSink()
         outcome = {}
 
-        def call():
+        def call(request=request, outcome=outcome):
             func = env.get(request["f"])
             if func is None:
                 raise NameError(f"name {request['f']!r} is not defined")

@@ -123,6 +123,17 @@ def isolation_info(isolation: str = "bwrap") -> dict:
     return info
 
 
+def unavailable_reason(isolation: str = "bwrap") -> str | None:
+    """None when the sandbox can run in this mode here, else why not (the :class:`SandboxError` text)."""
+    if sys.platform != "linux":
+        return "the sandbox needs Linux"
+    try:
+        isolation_info(isolation)
+    except SandboxError as exc:
+        return str(exc)
+    return None
+
+
 def isolation_level() -> str:
     """The mode in force by default: ``"bwrap"`` (raises :class:`SandboxError` if unavailable)."""
     return isolation_info()["isolation"]
