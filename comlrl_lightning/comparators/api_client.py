@@ -31,6 +31,7 @@ import httpx
 
 from comlrl_lightning.comparators.api_formats import (
     CompletionRequest,
+    CompletionSchemaError,
     chunk_sizes,
     default_key_env,
     extract_completions,
@@ -65,7 +66,8 @@ class APIComparatorClient:
         url: endpoint (``http``/``https``) that receives every POST.
         format: ``generic``, ``openai``, ``anthropic`` or ``openai_responses`` (or an alias, docs/preference.md §2.5).
         model: ``model`` field of each request (generic: sent only when truthy).
-        timeout: seconds per HTTP request (connect, read and write each).
+        timeout: seconds per HTTP request, in total (connect, send, headers and body together: a server
+            that drips bytes is cut at this deadline), and per single read or write.
         headers: extra headers, merged over ``Content-Type: application/json``.
         key: literal API key; wins over ``key_env``. Not pickled (use ``key_env`` for spawned workers).
         key_env: environment variable holding the key, read when each request is built. The
@@ -80,6 +82,8 @@ class APIComparatorClient:
             jitter in [0.5, 1]; a ``Retry-After`` of a 429 replaces it. Every wait is capped at
             ``backoff_max_s`` so a run cannot stall on one endpoint.
         max_concurrency: most HTTP requests in flight at once.
+        max_response_mb: largest response body, both as received and once decompressed; a larger one
+            fails the request at once (the body is streamed and decoding stops at the cap).
     """
 
     def __init__(
@@ -100,6 +104,7 @@ class APIComparatorClient:
         backoff_base_s: float = 0.5,
         backoff_max_s: float = 30.0,
         max_concurrency: int = 4,
+        max_response_mb: float = 32.0,
     ) -> None:
         if not url or not str(url).strip():
             raise ValueError(
@@ -141,6 +146,16 @@ class APIComparatorClient:
         if not (isinstance(max_concurrency, int) and max_concurrency >= 1):
             raise ValueError(f"max_concurrency must be an integer >= 1; got {max_concurrency!r}.")
         self.max_concurrency = max_concurrency
+        if not (
+            isinstance(max_response_mb, (int, float))
+            and not isinstance(max_response_mb, bool)
+            and math.isfinite(max_response_mb)
+            and max_response_mb > 0
+        ):
+            raise ValueError(
+                f"comparator_api_max_response_mb must be a positive finite number of MiB; got {max_response_mb!r}."
+            )
+        self.max_response_mb = float(max_response_mb)
         self._key = Secret(key) if key else None
         self._key_dropped = False
         self._endpoint = endpoint_of(url)
@@ -153,7 +168,8 @@ class APIComparatorClient:
         """Build from any object with the spec's ``comparator_api_*`` attributes (missing ones: defaults).
 
         Our additions are read as ``comparator_api_max_retries``, ``comparator_api_backoff_base_s``,
-        ``comparator_api_backoff_max_s`` and ``comparator_api_max_concurrency`` when the object has them.
+        ``comparator_api_backoff_max_s``, ``comparator_api_max_concurrency`` and
+        ``comparator_api_max_response_mb`` when the object has them.
         """
         defaults = {
             "url": None,
@@ -172,6 +188,7 @@ class APIComparatorClient:
             "backoff_base_s": 0.5,
             "backoff_max_s": 30.0,
             "max_concurrency": 4,
+            "max_response_mb": 32.0,
         }
         kwargs = {name: getattr(cfg, f"comparator_api_{name}", default) for name, default in defaults.items()}
         kwargs.update(overrides)
@@ -322,11 +339,23 @@ class APIComparatorClient:
         payload, status, excerpt = post_json(
             self._client(), self.url, content, headers, endpoint=self._endpoint,
             redact=lambda text: self._redact(text, key),
+            total_timeout_s=self.timeout,
+            max_body_bytes=int(self.max_response_mb * 2**20),
         )
-        return self._extract(payload), status, excerpt
+        return self._extract(payload, status, excerpt), status, excerpt
 
-    def _extract(self, payload: Any) -> list[str]:
-        return extract_completions(self.format, payload, self.response_field)
+    def _extract(self, payload: Any, status: int | None = None, excerpt: str = "") -> list[str]:
+        try:
+            return extract_completions(self.format, payload, self.response_field)
+        except CompletionSchemaError as exc:
+            raise APIComparatorError(
+                f"Comparator API response from {self._endpoint} ({self.format} format) is malformed: {exc}. "
+                "Completions must be strings.",
+                endpoint=self._endpoint,
+                status=status,
+                body_excerpt=excerpt,
+                attempts=1,
+            ) from None
 
     def _final_error(self, retry: Retry, attempts: int, wanted: int, got: int) -> APIComparatorError:
         message = (
@@ -363,11 +392,11 @@ class APIComparatorClient:
     def _client(self) -> httpx.Client:
         with self._lock:
             if self._http is None:
+                # No idle connections: each request opens its own, so that the total deadline knows
+                # (and can shut down) its socket from the first byte on.
                 self._http = httpx.Client(
                     timeout=httpx.Timeout(self.timeout),
-                    limits=httpx.Limits(
-                        max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency
-                    ),
+                    limits=httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=0),
                 )
             return self._http
 

@@ -12,6 +12,7 @@ Pure functions of a canonical format name (:func:`normalize_api_format`); no I/O
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -164,8 +165,30 @@ def request_headers(
     return out
 
 
+class CompletionSchemaError(ValueError):
+    """A response whose completions are not strings (numbers, objects, ...): never turned into text."""
+
+
+def _text(value: Any, where: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise CompletionSchemaError(f"{where} is a {type(value).__name__} ({_short_json(value)}), not a string")
+
+
+def _short_json(value: Any) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def extract_completions(fmt: str, payload: Any, response_field: str) -> list[str]:
-    """The completion texts of one parsed JSON response (too few or too many are the caller's concern)."""
+    """The completion texts of one parsed JSON response (too few or too many are the caller's concern).
+
+    Strict about types: a completion that is present but not a string raises
+    :class:`CompletionSchemaError` (nulls are dropped, as the spec says).
+    """
     if fmt == "generic":
         return _generic_completions(payload, response_field)
     if not isinstance(payload, dict):
@@ -175,9 +198,9 @@ def extract_completions(fmt: str, payload: Any, response_field: str) -> list[str
         for choice in payload.get("choices") or []:
             if isinstance(choice, dict):
                 message = choice.get("message")
-                text = message.get("content") if isinstance(message, dict) else None
-                text = choice.get("text") if text is None else text
-                if isinstance(text, str):
+                text = _text(message.get("content"), "choices[].message.content") if isinstance(message, dict) else None
+                text = _text(choice.get("text"), "choices[].text") if text is None else text
+                if text is not None:
                     texts.append(text)
         return texts
     if fmt == "anthropic":
@@ -190,7 +213,7 @@ def extract_completions(fmt: str, payload: Any, response_field: str) -> list[str
             for b in out.get("content") or []
             if isinstance(b, dict) and b.get("type") in ("output_text", "text")
         ]
-    texts = [b["text"] for b in blocks if isinstance(b.get("text"), str)]
+    texts = [t for b in blocks if (t := _text(b.get("text"), "the text block's text")) is not None]
     return texts[:1]  # spec: only the first text block of each response is a completion
 
 
@@ -250,19 +273,20 @@ def _generic_completions(payload: Any, response_field: str) -> list[str]:
     if isinstance(value, str):
         return [value]
     if not isinstance(value, list):
-        return [str(value)]
+        raise CompletionSchemaError(
+            f"field {response_field!r} is a {type(value).__name__} ({_short_json(value)}), "
+            "not a list of strings"
+        )
     texts = []
-    for entry in value:
-        if isinstance(entry, str):
-            texts.append(entry)
-        elif isinstance(entry, Mapping):
+    for i, entry in enumerate(value):
+        if isinstance(entry, Mapping):
             text = next(
                 (entry[k] for k in ("text", "content", "completion", "response") if entry.get(k)), None
             )
             if text is None and isinstance(entry.get("message"), Mapping):
                 text = entry["message"].get("content")
-            if text is not None:
-                texts.append(text if isinstance(text, str) else str(text))
-        elif entry is not None:
-            texts.append(str(entry))
+            entry = text
+        text = _text(entry, f"item {i} of field {response_field!r}")
+        if text is not None:
+            texts.append(text)
     return texts

@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import sys
 
 import pytest
 
@@ -31,9 +30,11 @@ from comlrl_lightning.envs.code.analysis import (
 )
 from comlrl_lightning.envs.code.prompts import function_signature
 from comlrl_lightning.envs.code.rewards import MAX_REWARD
+from comlrl_lightning.envs.code.sandbox import unavailable_reason
 from comlrl_lightning.envs.code.transitions import CodeTransition, parse_expert_edits
 
-linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox needs Linux")
+SANDBOX_PROBLEM = unavailable_reason()
+linux_only = pytest.mark.skipif(SANDBOX_PROBLEM is not None, reason=f"no sandbox here: {SANDBOX_PROBLEM}")
 
 ITEM = {
     "task_id": "t/0",
@@ -386,7 +387,7 @@ def test_builtin_problems_load_and_canonical_solutions_pass(tmp_path):
     ds = load_code_problems(cache_dir=str(tmp_path))
     assert len(ds) >= 20
     assert len(set(ds["task_id"])) == len(ds) and len(set(ds["entry_point"])) == len(ds)
-    if sys.platform == "linux":
+    if SANDBOX_PROBLEM is None:
         jobs = [(row["prompt"] + row["canonical_solution"], row["test"], row["entry_point"]) for row in ds]
         results = run_tests_many(jobs, timeout_s=5.0)
         for row, res in zip(ds, results, strict=True):

@@ -10,9 +10,12 @@ from conftest import cpu_trainer_kwargs
 from comlrl_lightning.config_rl import MAGRPOConfig
 from comlrl_lightning.data.tasks import load_task_items
 from comlrl_lightning.envs.code import FORMATTERS, code_reward_func, make_code_transition
+from comlrl_lightning.envs.code.sandbox import unavailable_reason
 from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
+_NO_SANDBOX = unavailable_reason()
+pytestmark = pytest.mark.skipif(_NO_SANDBOX is not None, reason=f"no sandbox here: {_NO_SANDBOX}")
 
 
 class Spy:

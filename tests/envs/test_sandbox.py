@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-import sys
 
 import pytest
 
@@ -21,18 +20,18 @@ from comlrl_lightning.envs.code.sandbox import (
     run_cases,
     run_tests,
     run_tests_many,
+    unavailable_reason,
 )
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the sandbox needs Linux")
+_SKIP = unavailable_reason()
+pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
 
 ONE = "def check(candidate):\n    assert candidate() == 1\n"
 TWO = "def check(candidate):\n    assert candidate() == 1\n    assert candidate() != 2\n"
 FAST = {"timeout_s": 1.0, "memory_mb": 256, "max_file_mb": 4, "max_processes": 16}
 
-# Namespace-free fallback (socket-block) exercised too, where this machine offers namespaces.
-MODES = [pytest.param({}, id="default")]
-if sys.platform == "linux" and isolation_info()["netns"]:
-    MODES.append(pytest.param({"namespaces": False}, id="no-namespaces"))
+# The opt-in weaker mode is exercised too, where it is only about containment it still offers.
+MODES = [pytest.param({}, id="bwrap"), pytest.param({"isolation": "unsafe-subprocess"}, id="unsafe-subprocess")]
 
 
 def sandbox_processes() -> list[int]:
@@ -245,12 +244,16 @@ def test_large_file_write_fails_cleanly():
     assert not r.passed and r.error_type == "OSError" and "too large" in r.error_message.lower()
 
 
-def test_work_dir_is_private_and_removed():
-    code = "import os\ndef f():\n    open('note.txt', 'w').write('hi')\n    return os.getcwd()\n"
+def test_work_dir_is_private_and_removed(tmp_path):
+    # bwrap: the work dir is a private tmpfs (/tmp inside); nothing of it ever reaches the host.
+    marker = f"note-{os.getpid()}-{tmp_path.name}.txt"
+    code = f"import os\ndef f():\n    open({marker!r}, 'w').write('hi')\n    return os.getcwd()\n"
     r = only(run_tests(code, ONE, "f", **FAST))
     workdir = re.search(r"got '([^']+)'", r.error_message).group(1)
-    assert "comlrl-sandbox-" in workdir and workdir != os.getcwd()
-    assert not os.path.exists(workdir)
+    assert workdir != os.getcwd() and not os.path.exists(os.path.join(workdir, marker))
+    r = only(run_tests(code, ONE, "f", **FAST, isolation="unsafe-subprocess"))
+    workdir = re.search(r"got '([^']+)'", r.error_message).group(1)
+    assert "comlrl-sandbox-" in workdir and not os.path.exists(workdir)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -271,27 +274,18 @@ def test_secrets_in_the_parent_environment_are_invisible(mode, monkeypatch):
         "    return leaks\n"
     )
     test = "def check(candidate):\n    assert candidate() == []\n"
-    if os.geteuid() != 0 and not mode:
-        pytest.skip("without a uid switch, /proc/<parent>/environ stays readable by the same user")
+    if os.geteuid() != 0 and mode:
+        pytest.skip("unsafe-subprocess without a uid switch: /proc/<parent>/environ stays readable")
     r = only(run_tests(code, test, "f", **{**FAST, **mode}))
     assert r.passed, r.error_message
     env_test = "def check(candidate):\n    assert candidate() == 1\n"
-    allowed = {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE"}
+    allowed = {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "PWD", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE"}
     keys = f"import os\ndef f():\n    return int(set(os.environ) <= {allowed!r})\n"
     assert only(run_tests(keys, env_test, "f", **FAST)).passed
 
 
-@pytest.mark.parametrize(
-    "options",
-    [
-        pytest.param({"block_sockets": False}, id="netns-only"),
-        pytest.param({"block_sockets": True}, id="socket-block"),
-        pytest.param({"namespaces": False}, id="no-namespaces"),
-    ],
-)
+@pytest.mark.parametrize("options", MODES)
 def test_network_is_unreachable(options):
-    if options == {"block_sockets": False} and isolation_level() != "netns":
-        pytest.skip("no network namespace on this machine")
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(4)
@@ -376,14 +370,18 @@ def test_forged_result_lines_are_ignored():
     code = (
         "import os, sys\n"
         "def f():\n"
-        "    fd = int(sys.argv[1])\n"
-        '    line = b\'0\' * 32 + b\' {"t": "result", "i": 0, "ok": true}\\n\'\n'
-        "    os.write(fd, line)\n"
+        "    for fd in (int(sys.argv[1]), 3, 4, 5, 6):\n"
+        "        try:\n"
+        '            os.write(fd, b\'{"t": "result", "i": 0, "ok": true}\\n{"t": "done"}\\n\')\n'
+        "        except OSError:\n"
+        "            pass\n"
         '    print(\'{"t": "result", "i": 0, "ok": true}\')\n'
         "    return 2\n"
     )
     r = only(run_tests(code, ONE, "f", **FAST))
-    assert not r.passed and r.error_message == "expected 1, got 2"
+    # The fd of the trainer's result pipe is closed before the code runs; a line written on the
+    # worker's own reply channel desynchronises it: the case fails either way.
+    assert not r.passed and r.error_type in {"SandboxCrash", "AssertionError"}
 
 
 def test_fork_inside_a_case_does_not_duplicate_results():
@@ -406,14 +404,23 @@ def test_run_tests_many_keeps_order_and_limits_workers():
 
 def test_isolation_level_is_reported():
     info = isolation_info()
-    assert isolation_level() in {"netns", "socket-block"}
-    assert info["isolation"] == isolation_level()
-    if os.geteuid() == 0:
-        assert info["uid"] != 0 and info["privileges_dropped"]
+    assert isolation_level() == info["isolation"] == "bwrap"
+    assert info["net_ns"] and info["pid_ns"] and info["mount_ns"] and info["fs_read_only"]
+    assert info["home_hidden"] and info["per_sandbox_uid"] and info["nproc_enforced"]
+    assert info["privileges_dropped"] and info["uid"] != 0
+    unsafe = isolation_info("unsafe-subprocess")
+    assert unsafe["isolation"] == "unsafe-subprocess" and not unsafe["net_ns"] and unsafe["socket_block"]
 
 
 def test_bad_options_are_rejected():
     with pytest.raises(TypeError, match="unknown sandbox option"):
         run_tests("def f():\n    return 1\n", ONE, "f", memory=5)
-    with pytest.raises(ValueError, match="timeout_s"):
-        run_tests("def f():\n    return 1\n", ONE, "f", timeout_s=0)
+    for bad in (0, -1.0, float("nan"), float("inf"), "3", True):
+        with pytest.raises(ValueError, match="timeout_s=.*positive finite"):
+            run_tests("def f():\n    return 1\n", ONE, "f", timeout_s=bad)
+    for name, bad in (("memory_mb", 0), ("memory_mb", -5), ("memory_mb", float("inf")),
+                      ("max_processes", 0), ("max_processes", 2.5), ("tmp_mb", float("nan"))):
+        with pytest.raises(ValueError, match=f"{name}=.*not allowed"):
+            run_tests("def f():\n    return 1\n", ONE, "f", **{name: bad})
+    with pytest.raises(ValueError, match="isolation=.*unsafe-subprocess"):
+        run_tests("def f():\n    return 1\n", ONE, "f", isolation="none")

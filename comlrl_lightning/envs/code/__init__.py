@@ -27,6 +27,7 @@ from comlrl_lightning.envs.code.sandbox import (
     run_cases,
     run_tests,
     run_tests_many,
+    unavailable_reason,
 )
 from comlrl_lightning.envs.code.transitions import (
     CodeTransition,
@@ -59,4 +60,5 @@ __all__ = [
     "run_tests",
     "run_tests_many",
     "slice_tests",
+    "unavailable_reason",
 ]

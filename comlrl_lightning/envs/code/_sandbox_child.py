@@ -1,22 +1,26 @@
-"""Bootstrap that runs *inside* the sandbox child process (see ``sandbox.py``).
+"""Bootstrap that runs *inside* the sandbox (see ``sandbox.py`` and ``docs/sandbox.md``).
 
-Started as ``python -I -S -B _sandbox_child.py <result_fd>`` with a scrubbed environment, a fresh
-session and a private temporary working directory. Standard library only; never imported by the
-package. Process layout::
+Started as ``python -I -S -B _sandbox_child.py <result_fd>`` (under bubblewrap, as pid 1 of a
+fresh pid namespace; or as a plain subprocess in the ``unsafe-subprocess`` mode). Standard library
+only; never imported by the package. Process layout::
 
-    parent (trainer) ── supervisor (this script; keeps the caller's uid)
-                          └── worker (new pid/net namespaces when possible; unprivileged uid;
-                                      rlimits; runs the model's code and the test cases)
+    trainer ── judge (this script, pid 1: trusted; runs the *test* code, never the model's)
+                 └── worker (forked before the judge reads any test; drops to the sandbox uid;
+                             rlimits; runs the model's code and answers calls with plain data)
 
-The supervisor creates the namespaces, forks the worker and reports how it ended. The worker
-reads nothing from the outside world after setup: the job (code, cases, limits, nonce) arrives on
-stdin before any untrusted code runs. Every record sent back is one line ``<nonce> <json>`` on
-the result pipe, so text printed by the model's code can never be mistaken for a result.
+stdin carries two length-prefixed JSON parts. The judge reads part A (the model's code, limits),
+forks the worker, and only then reads part B (test setup and cases): the worker's memory never held
+a test. The judge runs each case with the model's functions replaced by proxies; a proxy sends the
+arguments to the worker as plain data and gets back plain data (or an exception name and message).
+Only exact builtin types cross (``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``,
+``bytes``, ``list``, ``tuple``, ``dict``, ``set``, ``frozenset``), so the comparisons of a case run
+on values whose ``__eq__`` the model cannot choose, in a process it cannot reach: the judge is
+non-dumpable (no ptrace, no ``/proc/1/mem`` or ``/proc/1/fd``), and as pid 1 of the namespace it
+ignores every signal it has no handler for, SIGKILL included. Records for the trainer go out on
+``result_fd``, which the worker closes before running anything.
 
-Why one self-contained file of this length: it runs in isolated mode (``-I``), where ``sys.path``
-holds neither this file's folder nor the package, so a sibling module could not be imported; and
-every file it needed would have to stay readable after the drop to an unprivileged uid. Supervisor
-and worker share the setup code, so they stay together here.
+Why one self-contained file: it runs in isolated mode (``-I``), where ``sys.path`` holds neither
+this file's folder nor the package, and the package directory is hidden inside the sandbox.
 """
 
 import ast
@@ -28,56 +32,36 @@ import signal
 import sys
 import time
 
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 
-# Imported before privileges are dropped: after setuid the interpreter's stdlib may not be readable
-# any more (e.g. a Python installed under /root). A small base set plus every module the code or
-# the tests import (found with ast, without running anything).
-PRELOAD_BASE = [
-    "math",
-    "re",
-    "collections",
-    "itertools",
-    "functools",
-    "operator",
-    "typing",
-    "string",
-    "heapq",
-    "bisect",
-]
-PRELOAD_EXTRA = {"datetime": ["_strptime"], "time": ["_strptime"], "socket": ["encodings.idna"]}
-
-
-def _modules_to_preload(*sources):
-    names = list(PRELOAD_BASE)
-    for source in sources:
-        try:
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names += [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names.append(node.module)
-                names += [f"{node.module}.{alias.name}" for alias in node.names]
-    for name in list(names):
-        names += PRELOAD_EXTRA.get(name.split(".")[0], [])
-    return list(dict.fromkeys(names))
-
-
 MAX_MESSAGE = 400
 MAX_REPR = 200
+MAX_VALUE_BYTES = 1 << 20  # one encoded value (a result or the arguments of one call)
+MAX_DEPTH = 64
+POLL_S = 0.02  # memory watchdog period while the judge waits for the worker
+REPLY_GRACE_S = 0.25  # the worker's own alarm fires first; this is how long we wait on top
+FLUSH_S = 0.05  # results to the trainer are batched this long at most (its deadlines allow 1 s more)
+
+# Imported before privileges are dropped: after setuid the interpreter's stdlib may not be readable
+# any more. A small base set plus every module the code imports (found with ast, nothing run).
+PRELOAD_BASE = ["math", "re", "collections", "itertools", "functools", "operator", "typing", "string",
+                "heapq", "bisect"]
+PRELOAD_EXTRA = {"datetime": ["_strptime"], "time": ["_strptime"], "socket": ["encodings.idna"]}
 
 
 class TimeoutException(BaseException):
     """Raised by the per-case alarm. A BaseException, so a bare `except Exception` can't swallow it."""
+
+
+class WorkerGone(BaseException):
+    """The worker died or had to be killed; the sandbox restarts for the remaining cases."""
+
+    def __init__(self, etype, msg, timed_out=False):
+        super().__init__(msg)
+        self.etype, self.msg, self.timed_out = etype, msg, timed_out
 
 
 def _on_alarm(signum, frame):
@@ -89,7 +73,7 @@ def _libc():
         import ctypes
 
         return ctypes.CDLL(None, use_errno=True)
-    except Exception:  # noqa: BLE001 - no ctypes: run without namespaces
+    except Exception:  # noqa: BLE001 - no ctypes: no prctl
         return None
 
 
@@ -109,14 +93,14 @@ def _describe(exc):
 def _safe_repr(value):
     try:
         return _short(repr(value), MAX_REPR)
-    except BaseException:  # noqa: BLE001 - a user-defined __repr__ may raise anything
+    except BaseException:  # noqa: BLE001
         return "<unrepresentable>"
 
 
 class _CappedSink:
     """Replacement for sys.stdout/sys.stderr: keeps at most `limit` characters, drops the rest."""
 
-    def __init__(self, limit):
+    def __init__(self, limit=1 << 16):
         self.limit, self.size, self.parts = limit, 0, []
 
     def write(self, text):
@@ -134,38 +118,153 @@ class _CappedSink:
         return False
 
 
-def _make_sender(fd, nonce, owner_pid):
-    def send(record):
-        if os.getpid() != owner_pid:  # a fork of the worker (model code called os.fork): stay silent
-            os._exit(0)
-        data = (nonce + " " + json.dumps(record) + "\n").encode()
-        try:
-            while data:
-                data = data[os.write(fd, data) :]
-        except OSError:
-            os._exit(3)  # the model's code closed or broke our pipe: the parent reports a crash
+# ----------------------------------------------------------------------------------------------
+# Plain data across the boundary
 
-    return send
+
+class NotPlain(TypeError):
+    pass
+
+
+def encode(value, depth=0):
+    """A JSON-able tree for an exact builtin value; NotPlain for anything else (subclasses too)."""
+    if depth > MAX_DEPTH:
+        raise NotPlain("value nested too deeply")
+    t = type(value)
+    if value is None or t is bool or t is str:
+        return value
+    if t is int:
+        return value if -(2**53) < value < 2**53 else {"i": str(value)}
+    if t is float:
+        return {"f": repr(value)}
+    if t is complex:
+        return {"c": [repr(value.real), repr(value.imag)]}
+    if t is bytes:
+        return {"y": value.hex()}
+    if t is list or t is tuple or t is set or t is frozenset:
+        tag = {list: "l", tuple: "t", set: "s", frozenset: "z"}[t]
+        return {tag: [encode(v, depth + 1) for v in value]}
+    if t is dict:
+        return {"d": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
+    raise NotPlain(f"a value of type {t.__name__} cannot leave the sandbox (only builtin data types)")
+
+
+def decode(tree, depth=0):
+    """Inverse of :func:`encode`; ValueError on anything it would not produce."""
+    if depth > MAX_DEPTH:
+        raise ValueError("value nested too deeply")
+    if tree is None or type(tree) in (bool, str, int):
+        return tree
+    if type(tree) is dict and len(tree) == 1:
+        (tag, body), = tree.items()
+        if tag == "i" and type(body) is str:
+            return int(body)
+        if tag == "f" and type(body) is str:
+            return float(body)
+        if tag == "c" and type(body) is list and len(body) == 2:
+            return complex(float(body[0]), float(body[1]))
+        if tag == "y" and type(body) is str:
+            return bytes.fromhex(body)
+        if tag in ("l", "t", "s", "z") and type(body) is list:
+            items = [decode(v, depth + 1) for v in body]
+            return {"l": list, "t": tuple, "s": set, "z": frozenset}[tag](items)
+        if tag == "d" and type(body) is list:
+            out = {}
+            for pair in body:
+                if type(pair) is not list or len(pair) != 2:
+                    raise ValueError("bad dict item")
+                out[decode(pair[0], depth + 1)] = decode(pair[1], depth + 1)
+            return out
+    raise ValueError("not an encoded value")
+
+
+class _Channel:
+    """Line-delimited JSON over a pair of pipe fds, with a size cap on every line."""
+
+    def __init__(self, rfd, wfd):
+        self.rfd, self.wfd, self.buffer = rfd, wfd, b""
+        self.pending, self.flushed = [], time.monotonic()
+
+    def send(self, obj, *, batch=False):
+        """Write one record; with `batch`, hold it back for up to FLUSH_S (one write per many cases:
+        every pipe write wakes the reader, which is most of the cost of a fast case)."""
+        self.pending.append(json.dumps(obj) + "\n")
+        now = time.monotonic()
+        if batch and now - self.flushed < FLUSH_S:
+            return
+        data, self.pending, self.flushed = "".join(self.pending).encode(), [], now
+        while data:
+            data = data[os.write(self.wfd, data):]
+
+    def pending_line(self):
+        return b"\n" in self.buffer
+
+    def read_line(self):
+        """One line if complete; None if more bytes are needed; EOFError when closed."""
+        while b"\n" not in self.buffer:
+            chunk = os.read(self.rfd, 1 << 16)
+            if not chunk:
+                raise EOFError
+            self.buffer += chunk
+            if len(self.buffer) > 2 * MAX_VALUE_BYTES:
+                raise ValueError("message too large")
+            if b"\n" not in self.buffer:
+                return None
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line
+
+
+def _read_part(fd):
+    """One length-prefixed part of the job from stdin, read exactly (nothing beyond it)."""
+    def exact(n):
+        data = b""
+        while len(data) < n:
+            chunk = os.read(fd, n - len(data))
+            if not chunk:
+                raise EOFError("job truncated")
+            data += chunk
+        return data
+
+    size = int(exact(12).decode())
+    return json.loads(exact(size).decode())
+
+
+# ----------------------------------------------------------------------------------------------
+# Worker: runs the model's code
+
+
+def _modules_to_preload(source):
+    names = list(PRELOAD_BASE)
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        tree = None
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+            names += [f"{node.module}.{alias.name}" for alias in node.names]
+    for name in list(names):
+        names += PRELOAD_EXTRA.get(name.split(".")[0], [])
+    return list(dict.fromkeys(names))
 
 
 def _stdlib_world_readable():
-    """True when an unprivileged uid can import from the stdlib (no need to preload modules)."""
     import stat
 
-    for directory in {os.path.dirname(os.__file__), os.path.dirname(json.__file__)}:
-        path = os.path.realpath(directory)
-        while True:
-            try:
-                mode = os.stat(path).st_mode
-            except OSError:
-                return False
-            if not (mode & stat.S_IXOTH and mode & stat.S_IROTH):
-                return False
-            parent = os.path.dirname(path)
-            if parent == path:
-                break
-            path = parent
-    return True
+    path = os.path.realpath(os.path.dirname(os.__file__))
+    while True:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            return False
+        if not (mode & stat.S_IXOTH and mode & stat.S_IROTH):
+            return False
+        parent = os.path.dirname(path)
+        if parent == path:
+            return True
+        path = parent
 
 
 def _set_limit(kind, value):
@@ -176,23 +275,8 @@ def _set_limit(kind, value):
         return False
 
 
-def _count_user_tasks(uid):
-    total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as fh:
-                fields = dict(line.split(":", 1) for line in fh if ":" in line)
-            if int(fields["Uid"].split()[0]) == uid:
-                total += int(fields.get("Threads", "1"))
-        except (OSError, ValueError, KeyError):
-            continue
-    return total
-
-
 def _block_network():
-    """Best-effort network block used when no network namespace could be created."""
+    """unsafe-subprocess only: sockets blocked inside the interpreter (best effort)."""
     import _socket
     import socket
 
@@ -210,35 +294,196 @@ def _block_network():
         for name in ("create_connection", "create_server", "socketpair", "fromfd", "getaddrinfo"):
             if hasattr(mod, name):
                 setattr(mod, name, denied)
-    # Raw syscalls through ctypes would bypass the wrappers above; make ctypes unimportable.
     for name in list(sys.modules):
-        if name == "ctypes" or name.startswith("ctypes.") or name == "_ctypes":
+        if name in ("ctypes", "_ctypes") or name.startswith("ctypes."):
             del sys.modules[name]
     sys.modules["ctypes"] = None
     sys.modules["_ctypes"] = None
 
 
-def _exec_timed(source, filename, env, timeout_s):
-    """Run `source` in `env` under an alarm. Returns None on success, else (etype, msg, timed_out)."""
+def _children_of(my_pid):
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    stat = fh.read()
+                if int(stat[stat.rindex(")") + 2:].split()[1]) == my_pid:
+                    children.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return children
+
+
+def _kill_children(in_pidns, budget_s=5.0):
+    """Kill and reap everything this process started. In a pid namespace kill(-1) reaches every
+    process but us and pid 1; otherwise we are a subreaper and kill our children round by round."""
+    deadline = time.monotonic() + budget_s
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid:
+            continue
+        try:
+            if in_pidns:
+                os.kill(-1, signal.SIGKILL)
+            else:
+                for child in _children_of(os.getpid()):
+                    os.kill(child, signal.SIGKILL)
+        except OSError:
+            pass
+        time.sleep(0.001)
+
+
+def _measure(info):
+    """What is really in force, seen from inside (reported by isolation_info())."""
+    try:
+        with open("/proc/net/dev") as fh:
+            interfaces = [line.split(":")[0].strip() for line in fh.readlines()[2:]]
+        info["net_ns"] = interfaces == ["lo"]
+    except OSError:
+        info["net_ns"] = False
+    try:
+        with open("/proc/self/uid_map") as fh:
+            info["user_ns"] = fh.read().split() != ["0", "0", "4294967295"]
+    except OSError:
+        info["user_ns"] = False
+    info["uid"] = os.getuid()
+    info["fs_read_only"] = not os.access("/usr", os.W_OK) and not os.access("/", os.W_OK)
+    info["home_hidden"] = not any(os.path.exists(p) for p in ("/home", "/root/.ssh", "/run/user"))
+
+
+def worker(part, channel, info, libc, in_pidns):
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    keep = {0, 1, 2, channel.rfd, channel.wfd}
+    for fd in range(3, 256):  # the trainer's result pipe and the rest of stdin: gone before any code
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    os.setpgid(0, 0)
+    drop_to = part["drop_to"]
+    if drop_to is not None and not _stdlib_world_readable():
+        for name in _modules_to_preload(part["code"]):
+            try:
+                __import__(name)
+            except BaseException:  # noqa: BLE001, S110
+                pass
+
+    limits = part["limits"]
+    _set_limit(resource.RLIMIT_CORE, 0)
+    _set_limit(resource.RLIMIT_AS, limits["memory_bytes"])
+    resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1))
+    _set_limit(resource.RLIMIT_FSIZE, limits["file_bytes"])
+    _set_limit(resource.RLIMIT_NOFILE, limits["open_files"])
+    info["nproc_limit"] = limits["processes"] if _set_limit(resource.RLIMIT_NPROC, limits["processes"]) else None
+    info["socket_block"] = bool(part["block_sockets"])
+    if part["block_sockets"]:
+        _block_network()  # before setuid: it imports extension modules
+    if drop_to is not None:
+        uid, gid = drop_to
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+    if libc is not None:
+        libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid: setuid clears it
+        if not in_pidns:
+            libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    libc = None
+    _measure(info)
+    info["privileges_dropped"] = os.getuid() != 0
+    # Root ignores RLIMIT_NPROC; in a user namespace the count is per namespace, else per real uid.
+    info["nproc_enforced"] = bool(info["nproc_limit"]) and os.getuid() != 0 and (
+        drop_to is not None or info["user_ns"])
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writing past RLIMIT_FSIZE -> OSError, not death
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    channel.send({"setup": info})
+    code, timeout_s = part["code"], part["timeout_s"]
+    del part, info
+    sys.stdout, sys.stderr = _CappedSink(), _CappedSink()
+    env = {"__name__": "__sandbox__", "__builtins__": builtins}
+    exec("import math", env)  # noqa: S102 - upstream pre-seeds math
+    me = os.getpid()
+    failure = _call_timed(lambda: exec(compile(code, "<solution>", "exec"), env), timeout_s)  # noqa: S102
+    if os.getpid() != me:
+        os._exit(0)
+    _kill_children(in_pidns)
+    if failure is not None:
+        channel.send({"load_error": failure})
+        os._exit(0)
+    plain = (type(_describe), type(len))
+    names = sorted(k for k, v in env.items() if isinstance(v, plain) and not k.startswith("__"))
+    channel.send({"loaded": names})
+    while True:
+        try:
+            line = channel.read_line()
+            while line is None:
+                line = channel.read_line()
+        except (EOFError, OSError, ValueError):
+            os._exit(0)
+        request = json.loads(line)
+        sys.stdout, sys.stderr = _CappedSink(), _CappedSink()
+        outcome = {}
+
+        def call(request=request, outcome=outcome):
+            func = env.get(request["f"])
+            if func is None:
+                raise NameError(f"name {request['f']!r} is not defined")
+            result = func(*decode(request["a"]), **decode(request["k"]))
+            try:
+                outcome["r"] = encode(result)
+            except NotPlain as exc:
+                raise TypeError(f"the result cannot be checked: {exc}") from None
+
+        failure = _call_timed(call, max(request["t"], 0.001))
+        if os.getpid() != me:  # a fork of the worker (the code called os.fork) returned: stay silent
+            os._exit(0)
+        _kill_children(in_pidns)
+        if failure is None:
+            reply = {"r": outcome["r"]}
+        elif failure[2]:
+            reply = {"x": failure[1]}
+        else:
+            reply = {"e": failure[:2]}
+        try:
+            channel.send(reply if len(json.dumps(reply)) <= MAX_VALUE_BYTES else
+                         {"e": ["ValueError", "the result is too large to leave the sandbox"]})
+        except OSError:
+            os._exit(3)
+
+
+def _call_timed(func, timeout_s):
+    """Run func under an alarm. None on success, else [etype, msg, timed_out]."""
     try:
         signal.setitimer(signal.ITIMER_REAL, timeout_s)
         try:
-            exec(compile(source, filename, "exec"), env)  # noqa: S102 - this process is the sandbox
+            func()
         finally:
-            # Disarm before any handler below runs: an alarm inside a handler would escape it.
             signal.setitimer(signal.ITIMER_REAL, 0)
     except TimeoutException:
-        return "TimeoutException", f"timed out after {timeout_s:g} s", True
+        return ["TimeoutException", f"timed out after {timeout_s:g} s", True]
     except SystemExit as exc:
-        return "SystemExit", _short(f"code called sys.exit({exc.code!r})"), False
+        return ["SystemExit", _short(f"code called sys.exit({exc.code!r})"), False]
     except BaseException as exc:  # noqa: BLE001 - every failure of the code is a test result
         etype, msg = _describe(exc)
-        return etype, msg, False
+        return [etype, msg, False]
     return None
 
 
+# ----------------------------------------------------------------------------------------------
+# Judge: runs the trusted test code against proxies
+
+
 def _case_source(src):
-    """Rewrite `assert lhs == rhs` so that a failure message shows both values (each evaluated once)."""
+    """Rewrite `assert lhs == rhs` so that a failure shows both values (each evaluated once)."""
     try:
         tree = ast.parse(src)
     except SyntaxError:
@@ -263,226 +508,298 @@ def _case_source(src):
     )
 
 
-def _children_of(my_pid):
-    children = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+def _remote_exception(etype, msg):
+    cls = getattr(builtins, etype, None) if etype.isidentifier() else None
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        name = etype if etype.isidentifier() else "RemoteError"
+        cls = type(name, (Exception,), {})
+    try:
+        return cls(msg)
+    except Exception:  # noqa: BLE001 - e.g. UnicodeDecodeError needs 5 arguments
+        return type(etype if etype.isidentifier() else "RemoteError", (Exception,), {})(msg)
+
+
+class Judge:
+    def __init__(self, worker_pid, channel, memory_bytes, in_pidns):
+        self.worker_pid, self.channel = worker_pid, channel
+        self.memory_bytes, self.in_pidns = memory_bytes, in_pidns
+        self.deadline = None
+        self.page = os.sysconf("SC_PAGE_SIZE")
+
+    def _sandbox_pids(self):
+        if self.in_pidns:
+            return [int(p) for p in os.listdir("/proc") if p.isdigit() and p != "1"]
+        pids = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.getpgid(int(entry)) == self.worker_pid:
+                        pids.append(int(entry))
+                except OSError:
+                    pass
+        return pids
+
+    def memory_in_use(self):
+        total = 0
+        for pid in self._sandbox_pids():
+            try:
+                with open(f"/proc/{pid}/statm") as fh:
+                    total += int(fh.read().split()[1]) * self.page
+            except (OSError, ValueError, IndexError):
+                pass
+        return total
+
+    def kill_all(self):
+        """Every process of the sandbox but this one (the worker included)."""
+        if self.in_pidns:
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except OSError:
+                pass
+        else:
+            try:
+                os.killpg(self.worker_pid, signal.SIGKILL)
+            except OSError:
+                pass
+            _kill_children(False)
+        _reap()
+
+    def worker_died(self):
         try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-            if int(stat[stat.rindex(")") + 2 :].split()[1]) == my_pid:
-                children.append(int(entry))
-        except (OSError, ValueError, IndexError):
-            continue
-    return children
+            pid, status = os.waitpid(self.worker_pid, 0)
+        except ChildProcessError:
+            return "the test process died"
+        if os.WIFSIGNALED(status):
+            number = os.WTERMSIG(status)
+            if number == signal.SIGXCPU:
+                return None
+            try:
+                name = signal.Signals(number).name
+            except ValueError:
+                name = f"signal {number}"
+            return f"the test process died: killed by {name}"
+        return f"the test process died: exited with code {os.WEXITSTATUS(status)}"
+
+    def wait_reply(self, what):
+        """The worker's next message, watching memory and the case deadline meanwhile."""
+        import select
+
+        while True:
+            try:
+                line = self.channel.read_line() if self.channel.pending_line() else None
+                if line is None:
+                    remaining = self.deadline - time.monotonic()
+                    if remaining <= 0:
+                        self.kill_all()
+                        raise WorkerGone("TimeoutException", f"{what} timed out (killed)", True)
+                    ready, _, _ = select.select([self.channel.rfd], [], [], min(POLL_S, remaining))
+                    if ready:
+                        line = self.channel.read_line()
+                    if line is None:
+                        if self.memory_in_use() > self.memory_bytes:
+                            self.kill_all()
+                            raise WorkerGone("MemoryError", "the sandbox exceeded its memory budget of "
+                                             f"{self.memory_bytes >> 20} MB (all processes together)")
+                        continue
+                message = json.loads(line)
+                if type(message) is not dict or len(message) != 1:
+                    raise ValueError("malformed message from the test process")
+                return message
+            except (EOFError, OSError, ValueError) as exc:
+                how = self.worker_died() if isinstance(exc, EOFError) else f"protocol error: {exc}"
+                self.kill_all()
+                if how is None:
+                    raise WorkerGone("TimeoutException", "CPU time limit exceeded", True) from None
+                raise WorkerGone("SandboxCrash", how) from None
+
+    def proxy(self, name):
+        judge = self
+
+        def remote(*args, **kwargs):
+            try:
+                payload = {"f": name, "a": encode(list(args)), "k": encode(dict(kwargs))}
+            except NotPlain as exc:
+                raise TypeError(f"cannot pass this argument into the sandbox: {exc}") from None
+            payload["t"] = max(judge.deadline - REPLY_GRACE_S - time.monotonic(), 0.001)
+            if len(json.dumps(payload)) > MAX_VALUE_BYTES:
+                raise ValueError("the arguments are too large to pass into the sandbox")
+            try:
+                judge.channel.send(payload)
+            except OSError:
+                how = judge.worker_died() or "CPU time limit exceeded"
+                judge.kill_all()
+                raise WorkerGone("SandboxCrash", how) from None
+            try:
+                reply = judge.wait_reply("test case")
+            except TimeoutException:  # the judge's alarm, while the worker still runs the call
+                judge.kill_all()
+                raise WorkerGone("TimeoutException", "test case timed out (killed)", True) from None
+            if not ({"r", "x", "e"} & reply.keys()) or ("e" in reply and not (
+                    type(reply["e"]) is list and len(reply["e"]) == 2)):
+                judge.kill_all()
+                raise WorkerGone("SandboxCrash", "protocol error: malformed reply from the test process")
+            if "r" in reply:
+                try:
+                    return decode(reply["r"])
+                except (ValueError, TypeError) as exc:
+                    raise TypeError(f"malformed value from the sandbox: {exc}") from None
+            if "x" in reply:
+                raise TimeoutException(str(reply["x"]))
+            etype, msg = reply["e"]
+            raise _remote_exception(str(etype), _short(msg))
+
+        remote.__name__ = name
+        return remote
 
 
-def _kill_children(in_pidns, budget_s=5.0):
-    """Kill everything the code under test started, and reap it.
-
-    As pid 1 of a private pid namespace, kill(-1) reaches every other process in it. Otherwise we
-    are a child subreaper: descendants whose parents die are re-parented to us, so killing our
-    children round after round reaches all of them, including those that called setsid().
-    """
-    deadline = time.monotonic() + budget_s
-    while time.monotonic() < deadline:
+def _reap():
+    while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return  # no children left, alive or zombie
-        if pid:
-            continue
+            return
+        if not pid:
+            return
+
+
+def _judge_exec(source, filename, env, timeout_s, judge):
+    """Run trusted test `source` with the case deadline. None on success, else (etype, msg, timed_out)."""
+    judge.deadline = time.monotonic() + timeout_s + REPLY_GRACE_S
+    try:
+        signal.setitimer(signal.ITIMER_REAL, timeout_s + 2 * REPLY_GRACE_S)
         try:
-            if in_pidns:
-                os.kill(-1, signal.SIGKILL)
-            else:
-                for child in _children_of(os.getpid()):
-                    os.kill(child, signal.SIGKILL)
-        except OSError:
-            pass
-        time.sleep(0.001)
-
-
-def worker(job, send, info, libc):
-    os.setpgid(0, 0)  # own process group, killed as a whole by the supervisor at the end
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-
-    drop_to = job["drop_to"]  # (uid, gid) when started as root, else None
-    if drop_to is not None and not _stdlib_world_readable():
-        for name in _modules_to_preload(
-            job["code"], job["setup"], *(src for _, src in job["cases"] if "import" in src)
-        ):
-            try:
-                __import__(name)
-            except BaseException:  # noqa: BLE001, S110 - `from os import path` names no module
-                pass
-
-    limits = job["limits"]
-    _set_limit(resource.RLIMIT_CORE, 0)
-    if limits.get("memory_bytes"):
-        _set_limit(resource.RLIMIT_AS, limits["memory_bytes"])
-    if limits.get("cpu_s"):
-        resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1))
-    if limits.get("file_bytes") is not None:
-        _set_limit(resource.RLIMIT_FSIZE, limits["file_bytes"])
-    if limits.get("open_files"):
-        _set_limit(resource.RLIMIT_NOFILE, limits["open_files"])
-    nproc = limits.get("processes")
-    if nproc:
-        # RLIMIT_NPROC counts every task of the real uid, so without a dedicated uid the budget
-        # must sit on top of what that user already runs.
-        if drop_to is None and not info["userns"]:
-            nproc += job["user_tasks"]
-        info["nproc_limit"] = nproc if _set_limit(resource.RLIMIT_NPROC, nproc) else None
-
-    block = job["block_sockets"]
-    if block is None:
-        block = not info["netns"]
-    if block:
-        _block_network()  # before setuid: it imports extension modules
-    info["socket_block"] = bool(block)
-
-    if drop_to is not None:
-        uid, gid = drop_to
-        os.setgroups([])
-        os.setgid(gid)
-        os.setuid(uid)
-    info["uid"] = os.getuid()
-    info["privileges_dropped"] = os.getuid() != 0 and drop_to is not None
-    info["nproc_enforced"] = bool(info.get("nproc_limit")) and os.getuid() != 0
-    if libc is not None:
-        libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid: setuid clears it
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    libc = None
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writing past RLIMIT_FSIZE -> OSError, not death
-    signal.signal(signal.SIGALRM, _on_alarm)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    send({"t": "setup", "info": info})
-
-    timeout_s = job["timeout_s"]
-    cases = job["cases"]
-    code, setup = job["code"], job["setup"]
-    timeouts_left = job["timeouts_left"]
-    in_pidns = info["pidns"] and os.getpid() == 1
-    info = None
-    del job
-    sink_limit = 1 << 16
-    sys.stdout = _CappedSink(sink_limit)
-    sys.stderr = _CappedSink(sink_limit)
-
-    env = {"__name__": "__sandbox__", "__builtins__": builtins}
-    exec("import math", env)  # noqa: S102 - upstream pre-seeds math
-    for source, filename in ((code, "<solution>"), (setup, "<test setup>")):
-        if not source.strip():
-            continue
-        failure = _exec_timed(source, filename, env, timeout_s)
-        if failure is not None:
-            _kill_children(in_pidns)
-            etype, msg, timed_out = failure
-            send({"t": "code_error", "etype": etype, "msg": msg, "timeout": timed_out, "where": filename})
-            os._exit(0)
-    _kill_children(in_pidns)
-    send({"t": "ready"})
-
-    for index, src in cases:
-        if timeouts_left <= 0:
-            break
-        sys.stdout = _CappedSink(sink_limit)
-        sys.stderr = _CappedSink(sink_limit)
-        env["__sandbox_repr__"] = _safe_repr
-        start = time.perf_counter()
-        failure = _exec_timed(_case_source(src), f"<test {index}>", env, timeout_s)
-        elapsed = time.perf_counter() - start
-        _kill_children(in_pidns)
-        if failure is None:
-            send({"t": "result", "i": index, "ok": True, "dt": elapsed})
-        else:
-            etype, msg, timed_out = failure
-            timeouts_left -= timed_out
-            send(
-                {
-                    "t": "result",
-                    "i": index,
-                    "ok": False,
-                    "etype": etype,
-                    "msg": msg,
-                    "timeout": timed_out,
-                    "dt": elapsed,
-                }
-            )
-    send({"t": "done"})
-    os._exit(0)
+            exec(compile(source, filename, "exec"), env)  # noqa: S102 - trusted test code
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except WorkerGone:
+        raise
+    except TimeoutException:
+        return "TimeoutException", f"timed out after {timeout_s:g} s", True
+    except BaseException as exc:  # noqa: BLE001
+        etype, msg = _describe(exc)
+        return etype, msg, False
+    return None
 
 
 def main():
     result_fd = int(sys.argv[1])
-    job = json.loads(sys.stdin.buffer.read().decode())
-    nonce = job.pop("nonce")
     libc = _libc()
-    # Counted before any user namespace exists (inside one, every outside uid reads as nobody).
-    job["user_tasks"] = _count_user_tasks(os.getuid()) if os.getuid() != 0 else 0
-    info = {"netns": False, "pidns": False, "userns": False}
-    want = job.get("namespaces", True)
-    if want and libc is not None:
-        # Root creates the namespaces directly and drops to an unprivileged uid later. Anyone else
-        # needs a user namespace; root never uses one, because inside it the process would keep
-        # the real uid 0 for file permission checks.
-        flags = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC
-        if os.getuid() != 0:
-            flags |= CLONE_NEWUSER
-        if libc.unshare(flags) == 0:
-            info.update(netns=True, pidns=True, userns=bool(flags & CLONE_NEWUSER))
+    in_pidns = os.getpid() == 1
     if libc is not None:
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    info["isolation"] = "netns" if info["netns"] else "socket-block"
-
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no ptrace, no /proc/1/mem, /proc/1/fd from inside
+        if not in_pidns:
+            parent = os.getppid()
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            if os.getppid() != parent:
+                os._exit(1)
+    out = _Channel(-1, result_fd)
+    part_a = _read_part(0)
+    if part_a["drop_to"] is not None and in_pidns:
+        # The uid of this sandbox alone; /tmp and /dev/shm are private tmpfs mounts.
+        for path in ("/tmp", "/dev/shm"):
+            try:
+                os.chown(path, *part_a["drop_to"])
+            except OSError:
+                pass
+    info = {"pid_ns": in_pidns}
+    calls_r, calls_w = os.pipe()  # judge -> worker
+    replies_r, replies_w = os.pipe()  # worker -> judge
     pid = os.fork()
     if pid == 0:
         try:
-            worker(job, _make_sender(result_fd, nonce, os.getpid()), info, libc)
-        except BaseException as exc:  # noqa: BLE001 - bootstrap failure, reported to the parent
-            etype, msg = _describe(exc)
-            try:
-                os.write(
-                    result_fd,
-                    (nonce + " " + json.dumps({"t": "fatal", "etype": etype, "msg": msg}) + "\n").encode(),
-                )
-            finally:
-                os._exit(4)
-        os._exit(0)
-
-    del job
-    reaped = False
-
-    def on_term(signum, frame):  # the parent aborts: kill the worker (never a reaped, reusable pid)
-        if not reaped:
-            os.kill(pid, signal.SIGKILL)
-
-    signal.signal(signal.SIGTERM, on_term)
-    while True:
-        try:
-            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-            break
-        except ChildProcessError:
-            break
+            os.close(calls_w)
+            os.close(replies_r)
+            worker(part_a, _Channel(calls_r, replies_w), info, libc, in_pidns)
+        finally:
+            os._exit(4)
+    os.close(calls_r)
+    os.close(replies_w)
+    del part_a["code"]
+    part_b = _read_part(0)
+    os.close(0)
+    sys.stdout, sys.stderr = _CappedSink(), _CappedSink()
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    judge = Judge(pid, _Channel(replies_r, calls_w), part_a["limits"]["memory_bytes"], in_pidns)
+    timeout_s = part_b["timeout_s"]
     try:
-        os.killpg(pid, signal.SIGKILL)  # the worker's group, while its zombie still holds the pgid
-    except OSError:
+        run(judge, out, part_b, timeout_s)
+    except WorkerGone:
         pass
-    _, status = os.waitpid(pid, 0)
-    reaped = True
-    _kill_children(in_pidns=False)  # anything that left the group (setsid) was re-parented to us
-    record = {"t": "exit"}
-    if os.WIFSIGNALED(status):
-        record["signal"] = os.WTERMSIG(status)
-    else:
-        record["code"] = os.WEXITSTATUS(status)
-    os.write(result_fd, (nonce + " " + json.dumps(record) + "\n").encode())
+    judge.kill_all()
     os._exit(0)
+
+
+def run(judge, out, part, timeout_s):
+    judge.deadline = time.monotonic() + 30.0
+    try:
+        first = judge.wait_reply("sandbox setup")
+        if "setup" not in first:
+            raise WorkerGone("SandboxCrash", "protocol error")
+    except WorkerGone as gone:
+        out.send({"t": "fatal", "etype": gone.etype, "msg": gone.msg})
+        raise
+    info = first["setup"]
+    info["pid_ns"] = judge.in_pidns
+    info["mount_ns"] = judge.in_pidns and info.get("fs_read_only", False)
+    out.send({"t": "setup", "info": info})
+
+    judge.deadline = time.monotonic() + timeout_s + REPLY_GRACE_S
+    try:
+        loaded = judge.wait_reply("loading the code")
+    except WorkerGone as gone:
+        out.send({"t": "code_error", "etype": gone.etype, "msg": gone.msg, "timeout": gone.timed_out})
+        return
+    if "load_error" in loaded:
+        etype, msg, timed_out = loaded["load_error"]
+        out.send({"t": "code_error", "etype": etype, "msg": msg, "timeout": timed_out})
+        return
+    env = {"__name__": "__sandbox__", "__builtins__": builtins}
+    exec("import math", env)  # noqa: S102
+    for name in loaded.get("loaded", []):
+        if isinstance(name, str) and name.isidentifier():
+            env[name] = judge.proxy(name)
+    if part["setup"].strip():
+        try:
+            failure = _judge_exec(part["setup"], "<test setup>", env, timeout_s, judge)
+        except WorkerGone as gone:
+            failure = (gone.etype, gone.msg, gone.timed_out)
+        if failure is not None:
+            etype, msg, timed_out = failure
+            out.send({"t": "code_error", "etype": etype, "msg": msg, "timeout": timed_out})
+            return
+    out.send({"t": "ready"})
+    timeouts_left = part["timeouts_left"]
+    for index, src in part["cases"]:
+        if timeouts_left <= 0:
+            break
+        env["__sandbox_repr__"] = _safe_repr
+        start = time.perf_counter()
+        gone = None
+        try:
+            failure = _judge_exec(_case_source(src), f"<test {index}>", env, timeout_s, judge)
+        except WorkerGone as exc:
+            gone = exc
+            failure = (exc.etype, exc.msg, exc.timed_out)
+        elapsed = time.perf_counter() - start
+        record = {"t": "result", "i": index, "ok": failure is None, "dt": elapsed}
+        if failure is not None:
+            record.update(etype=failure[0], msg=failure[1], timeout=failure[2])
+            timeouts_left -= failure[2]
+        out.send(record, batch=gone is None)
+        if gone is not None:
+            out.send({"t": "restart"})
+            return
+        if judge.in_pidns:  # leftovers of the case (the worker kills its own; this is the guarantee)
+            for pid in judge._sandbox_pids():
+                if pid != judge.worker_pid:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+            _reap()
+    out.send({"t": "done"})
 
 
 if __name__ == "__main__":

@@ -1,41 +1,40 @@
-"""Run model-written Python against HumanEval-style tests in an isolated child process.
+"""Run model-written Python against HumanEval-style tests in a sandbox (design: ``docs/sandbox.md``).
 
-Model code never runs in the calling process. Each call starts ``python -I -S`` on
-``_sandbox_child.py`` with:
+Model code never runs in the calling process, nor in a process that decides a verdict. Each call
+starts one sandbox (``isolation="bwrap"``, the default, needs the ``bwrap`` program of bubblewrap):
 
-* a fresh session and process group, a private temporary working directory (removed afterwards)
-  and a minimal environment (``PATH``, ``LANG``, ``HOME``/``TMPDIR`` = the temp dir): no secrets;
-* new network, pid and IPC namespaces when the kernel allows it (root, or unprivileged user
-  namespaces). The network namespace has no interfaces up, so nothing is reachable, not even the
-  host's 127.0.0.1. Otherwise sockets are blocked inside the interpreter (``socket-block``, best
-  effort: a process started by the code is not covered). :func:`isolation_level` says which;
-* when started as root: a drop to an unprivileged uid (``nobody`` by default) before any model
-  code runs, because the kernel does not enforce ``RLIMIT_NPROC`` for root;
-* ``RLIMIT_AS`` (memory), ``RLIMIT_CPU``, ``RLIMIT_FSIZE`` (largest file), ``RLIMIT_NOFILE``,
-  ``RLIMIT_NPROC`` and no core dumps; ``PR_SET_NO_NEW_PRIVS``;
-* stdout/stderr of the code captured into capped buffers (the process's own fds 1/2 go to
-  ``/dev/null``), so output floods cost nothing.
+* new mount, pid, network, IPC and UTS namespaces; the host filesystem is invisible except the
+  system directories and the Python installation, mounted read-only, with the package directory
+  hidden; ``/tmp`` (the working directory) and ``/dev/shm`` are private size-capped tmpfs mounts
+  that vanish with the sandbox; ``/proc`` shows the sandbox's own processes only. No network at all:
+  no interface but a down loopback, and no host path sockets (they are not mounted);
+* the code runs under its own uid: a random per-sandbox uid when the caller is root, otherwise the
+  caller's uid mapped in a user namespace of its own (the kernel counts ``RLIMIT_NPROC`` per user
+  namespace). Either way sandboxes cannot signal, read or starve each other;
+* ``RLIMIT_AS`` per process plus a watchdog that kills the whole sandbox when the resident memory of
+  all its processes together passes ``memory_mb``; ``RLIMIT_NPROC`` (``max_processes``, threads
+  included), ``RLIMIT_CPU``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, no core dumps, no new privileges;
+* ``--die-with-parent``: if the trainer dies, the sandbox and every process in it die too.
 
-One child runs the code once and then every test case in turn, each under its own alarm
-(``timeout_s``), and reports one JSON line per case on a private pipe. The parent also keeps a
-wall-clock deadline per case; when a case hangs in a way the alarm cannot interrupt, or the child
-dies (segfault, ``os._exit``, memory), the parent kills the whole child, marks that case failed and
-starts a new child for the remaining cases. Timeouts follow the spec (docs/multiturn.md §5.1): each
-timed-out case fails with ``TimeoutException``; once ``max_timeouts`` cases have timed out, the
-remaining cases are marked failed without running (``skipped=True``). At the end the child's
-whole process group is killed; in a pid namespace every process the code started dies with it.
+Inside, a trusted *judge* (pid 1, never runs model code) runs the test code; the model's functions
+are proxies to a *worker* process that runs the model's code and answers each call with plain data
+(exact builtin types, encoded as JSON). The comparisons happen in the judge, on values the model
+cannot give a custom ``__eq__``; the tests never enter the worker. See ``_sandbox_child.py``.
 
-Limits of the guarantee: the sandbox protects the host, not the integrity of the verdict against
-code that deliberately tampers with the harness living in its own interpreter (results carry a
-per-run nonce, which stops accidental or printed forgeries only). Files readable by ``nobody``
-(world-readable files) stay readable. Without namespaces (``socket-block``), a process the code
-starts with ``setsid`` is still killed by the supervisor's subreaper sweep, but a non-root parent
-cannot hide its own ``/proc/<pid>/environ`` from code running under the same uid.
+Timeouts follow the spec (docs/multiturn.md §5.1): each timed-out case fails with ``TimeoutException``;
+once ``max_timeouts`` cases have timed out, the remaining cases fail without running
+(``skipped=True``). When the worker dies or hangs past its alarm, the case fails and a fresh sandbox
+runs the remaining cases.
 
-Why one file of this length: what is left is the parent half of one protocol (the job sent, the
-records read back, their deadlines, restarts after a crash) and its entry points; split, a reader
-would lose the state machine that the security argument above rests on. The child half is
-``_sandbox_child.py``; turning test code into cases is ``cases.py`` (its names are re-exported here).
+Without bubblewrap (or without user namespaces for a non-root caller) nothing safe is available and
+the call raises :class:`SandboxError`, unless the caller opts into ``isolation="unsafe-subprocess"``:
+a plain child process with rlimits, sockets blocked inside the interpreter and (as root) a
+per-sandbox uid; no filesystem, network or process isolation worth the name.
+
+Why one file of this length: it is the parent half of one protocol (the bwrap command line, the job
+sent, the records read back with their deadlines, restarts after a crash, the memory watchdog) and its
+entry points; split, a reader would lose the state machine the security argument above rests on. The
+judge/worker half is ``_sandbox_child.py``; turning test code into cases is ``cases.py``.
 """
 
 from __future__ import annotations
@@ -63,10 +62,16 @@ from comlrl_lightning.envs.code.cases import extract_test_cases, test_setup_code
 log = logging.getLogger(__name__)
 
 _CHILD = Path(__file__).with_name("_sandbox_child.py")
-NOBODY = 65534
+_PACKAGE_DIR = Path(__file__).resolve().parents[2]  # comlrl_lightning/: hidden inside the sandbox
+_INSIDE_CHILD = "/run/comlrl-sandbox/child.py"
+_UID_BASE, _UID_SPAN = 1 << 30, 1 << 24  # per-sandbox uids for root callers (random, no passwd entry)
 _STARTUP_S = 15.0  # interpreter start + namespace setup; generous for loaded CI machines
-_GRACE_S = 1.0  # parent deadline = child alarm + grace
+_GRACE_S = 1.0  # parent deadline = judge deadline + grace
 _MAX_RECORD = 1 << 16  # a protocol line longer than this is garbage
+_ISOLATIONS = ("bwrap", "unsafe-subprocess")
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_ETC_FILES = ("/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/localtime", "/etc/ld.so.cache",
+              "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives")
 
 
 class SandboxError(RuntimeError):
@@ -80,7 +85,7 @@ class TestResult:
     ``case`` is the executed assert (``candidate`` already replaced by the entry point).
     ``error_type``/``error_message`` are set for failures, e.g. ``AssertionError`` /
     ``"expected 3, got 4"``, ``TimeoutException``, ``SystemExit``, ``MemoryError``, or
-    ``SandboxCrash`` when the child died during the case.
+    ``SandboxCrash`` when the model's process died during the case.
     """
 
     __test__ = False  # not a pytest class
@@ -99,27 +104,53 @@ class TestResult:
 # Isolation probe
 
 
-@lru_cache(maxsize=1)
-def isolation_info() -> dict:
-    """What this machine gives the sandbox, measured once by running an empty job.
+@lru_cache(maxsize=4)
+def isolation_info(isolation: str = "bwrap") -> dict:
+    """What the sandbox really enforces here, measured from inside by running an empty job.
 
-    Keys: ``isolation`` ("netns" or "socket-block"), ``netns``, ``pidns``, ``userns``, ``uid`` (of
-    the code under test), ``privileges_dropped``, ``nproc_enforced``, ``socket_block``.
+    Keys: ``isolation`` (the mode), ``mount_ns``/``pid_ns``/``net_ns``/``user_ns`` (namespaces in
+    force), ``fs_read_only`` and ``home_hidden`` (host filesystem), ``uid`` (of the code, as seen
+    inside), ``privileges_dropped``, ``per_sandbox_uid`` (a uid or user namespace of its own),
+    ``nproc_enforced``, ``socket_block``, ``memory_budget`` (how ``memory_mb`` is enforced).
+    ``netns``/``pidns``/``userns`` are aliases. Raises :class:`SandboxError` when the mode cannot run.
     """
-    outcome = _run_child("", "", [], timeout_s=5.0, timeouts_left=1, options=_options({}))
+    outcome = _run_child("", "", [], timeout_s=5.0, timeouts_left=1, options=_options({"isolation": isolation}))
     if outcome.info is None:
         raise SandboxError(f"sandbox probe failed: {outcome.crash}")
-    return dict(outcome.info)
+    info = dict(outcome.info)
+    info["isolation"] = isolation
+    info.update(netns=info["net_ns"], pidns=info["pid_ns"], userns=info["user_ns"])
+    info["per_sandbox_uid"] = bool(info["pid_ns"] and (info["user_ns"] or info["privileges_dropped"]))
+    info["memory_budget"] = (
+        "RLIMIT_AS per process + watchdog on the resident memory of "
+        + ("every process of the pid namespace" if info["pid_ns"] else "the worker's process group")
+    )
+    return info
+
+
+def unavailable_reason(isolation: str = "bwrap") -> str | None:
+    """None when the sandbox can run in this mode here, else why not (the :class:`SandboxError` text)."""
+    if sys.platform != "linux":
+        return "the sandbox needs Linux"
+    try:
+        isolation_info(isolation)
+    except SandboxError as exc:
+        return str(exc)
+    return None
 
 
 def isolation_level() -> str:
-    """``"netns"``: private network (and pid) namespace; ``"socket-block"``: sockets blocked inside
-    the interpreter only (no namespaces available to this process)."""
+    """The mode in force by default: ``"bwrap"`` (raises :class:`SandboxError` if unavailable)."""
     return isolation_info()["isolation"]
 
 
+def bwrap_path() -> str | None:
+    """The ``bwrap`` program, or None when bubblewrap is not installed."""
+    return shutil.which("bwrap", path=os.environ.get("PATH", "") + ":/usr/bin:/bin")
+
+
 # --------------------------------------------------------------------------------------------
-# One child process
+# One sandbox
 
 
 @dataclass
@@ -129,26 +160,53 @@ class _Outcome:
     code_error: tuple[str, str, bool] | None = None  # (type, message, timed_out): the code failed
     crash: tuple[str, str, bool] | None = None  # (type, message, timed_out) for the next case
     ready: bool = False  # the code (and test setup) loaded; cases are running
-    finished: bool = False  # the child reported "done"
+    finished: bool = False  # the judge reported "done"
+    restart: bool = False  # the worker died during a case; a fresh sandbox takes the rest
+    stderr: str = ""
+
+
+_DEFAULTS = {
+    "memory_mb": 1024,
+    "max_processes": 32,
+    "max_file_mb": 16,
+    "max_open_files": 64,
+    "tmp_mb": 64,
+    "isolation": "bwrap",
+    "python": None,
+}
+
+
+def _positive(name: str, value, *, integer: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if ok and integer and int(value) != value:
+        ok = False
+    if not ok:
+        kind = "a positive integer" if integer else "a positive finite number"
+        raise ValueError(f"sandbox option {name}={value!r} is not allowed: use {kind}")
 
 
 def _options(kwargs: Mapping) -> dict:
-    opts = {
-        "memory_mb": 1024,
-        "max_processes": 32,
-        "max_file_mb": 16,
-        "max_open_files": 64,
-        "block_sockets": None,
-        "namespaces": True,
-        "sandbox_uid": NOBODY,
-        "sandbox_gid": NOBODY,
-        "python": None,
-    }
-    unknown = set(kwargs) - set(opts)
+    unknown = set(kwargs) - set(_DEFAULTS)
     if unknown:
-        raise TypeError(f"unknown sandbox option(s) {sorted(unknown)}; allowed: {sorted(opts)}")
-    opts.update(kwargs)
+        raise TypeError(f"unknown sandbox option(s) {sorted(unknown)}; allowed: {sorted(_DEFAULTS)}")
+    opts = {**_DEFAULTS, **kwargs}
+    for name in ("memory_mb", "max_file_mb", "tmp_mb"):
+        _positive(name, opts[name])
+    for name in ("max_processes", "max_open_files"):
+        _positive(name, opts[name], integer=True)
+    if opts["isolation"] not in _ISOLATIONS:
+        raise ValueError(
+            f"sandbox option isolation={opts['isolation']!r} is not allowed; use one of {list(_ISOLATIONS)}"
+        )
     return opts
+
+
+def _check_timeout(timeout_s) -> None:
+    ok = isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
+    if not (ok and math.isfinite(timeout_s) and timeout_s > 0):
+        raise ValueError(
+            f"timeout_s={timeout_s!r} is not allowed: use a positive finite number of seconds per test case"
+        )
 
 
 def _minimal_env(workdir: str) -> dict[str, str]:
@@ -163,11 +221,151 @@ def _minimal_env(workdir: str) -> dict[str, str]:
     }
 
 
-def _signal_name(number: int) -> str:
+def _python_dirs(python: str) -> list[str]:
+    """Directories the interpreter needs (its installation prefix, its stdlib), real paths."""
+    dirs = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)}
+    dirs.add(os.path.dirname(os.path.dirname(os.path.realpath(python))))
+    return sorted(
+        d for d in dirs
+        if d not in ("/", "/usr") and not d.startswith("/usr/") and os.access(d, os.R_OK | os.X_OK)
+    )
+
+
+def _bwrap_command(python: str, tmp_bytes: int, as_root: bool) -> list[str]:
+    bwrap = bwrap_path()
+    if bwrap is None:
+        raise SandboxError(
+            "no safe sandbox is available: the bubblewrap program `bwrap` is not installed (Debian/Ubuntu: "
+            "`apt-get install bubblewrap`). To run model code without isolation anyway, pass the sandbox "
+            "option isolation='unsafe-subprocess' (unsafe: the code can read your files and reach the network)."
+        )
+    cmd = [bwrap, "--die-with-parent", "--new-session", "--as-pid-1",
+           "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if as_root:
+        # No user namespace for root: inside one the code would keep uid 0's file access. The judge
+        # keeps only what it needs to drop the worker to the per-sandbox uid and to kill it.
+        cmd += ["--cap-drop", "ALL"]
+        for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN"):
+            cmd += ["--cap-add", cap]
+    else:
+        cmd += ["--unshare-user", "--disable-userns"]
+    for path in _SYSTEM_DIRS:
+        if os.path.islink(path):
+            cmd += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            cmd += ["--ro-bind", path, path]
+    for path in _ETC_FILES:
+        cmd += ["--ro-bind-try", path, path]
+    for path in _python_dirs(python):
+        cmd += ["--ro-bind", path, path]
+    package = str(_PACKAGE_DIR)
+    if any(package == d or package.startswith(d.rstrip("/") + "/") for d in [*_SYSTEM_DIRS, *_python_dirs(python)]):
+        cmd += ["--tmpfs", package]  # an installed copy: its hidden tests stay out of reach
+    size = str(tmp_bytes)
+    cmd += ["--proc", "/proc", "--dev", "/dev",
+            "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
+            "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
+            "--dir", "/var", "--symlink", "/tmp", "/var/tmp",
+            "--ro-bind", str(_CHILD), _INSIDE_CHILD, "--chdir", "/tmp", "--"]
+    return cmd
+
+
+def _part(obj: dict) -> bytes:
+    data = json.dumps(obj).encode()
+    return f"{len(data):012d}".encode() + data
+
+
+def _run_child(
+    code: str,
+    setup: str,
+    cases: Sequence[tuple[int, str]],
+    *,
+    timeout_s: float,
+    timeouts_left: int,
+    options: dict,
+) -> _Outcome:
+    """Start one sandbox for `cases` (a suffix of the job) and collect what its judge reports."""
+    as_root = os.geteuid() == 0
+    unsafe = options["isolation"] == "unsafe-subprocess"
+    python = os.path.realpath(options["python"] or sys.executable)
+    sandbox_uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if as_root else None
+    cpu_s = math.ceil(timeout_s * (len(cases) + 2)) + 2
+    part_a = {
+        "code": code,
+        "timeout_s": float(timeout_s),
+        "block_sockets": unsafe,
+        "drop_to": [sandbox_uid, sandbox_uid] if as_root else None,
+        "limits": {
+            "memory_bytes": int(options["memory_mb"] * 2**20),
+            "cpu_s": cpu_s,
+            "file_bytes": int(options["max_file_mb"] * 2**20),
+            "open_files": int(options["max_open_files"]),
+            "processes": int(options["max_processes"]),
+        },
+    }
+    part_b = {"setup": setup, "cases": list(cases), "timeout_s": float(timeout_s),
+              "timeouts_left": int(timeouts_left)}
+    outcome = _Outcome(results=[])
+    workdir = None
+    read_fd, write_fd = os.pipe()
+    proc = None
     try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
+        if unsafe:
+            workdir = tempfile.mkdtemp(prefix="comlrl-sandbox-")
+            if as_root:
+                os.chown(workdir, sandbox_uid, sandbox_uid)
+            os.chmod(workdir, 0o700)
+            cmd = [python, "-I", "-S", "-B", str(_CHILD), str(write_fd)]
+            env, cwd = _minimal_env(workdir), workdir
+        else:
+            cmd = _bwrap_command(python, int(options["tmp_mb"] * 2**20), as_root)
+            cmd += [python, "-I", "-S", "-B", _INSIDE_CHILD, str(write_fd)]
+            env, cwd = _minimal_env("/tmp"), "/"
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            pass_fds=(write_fd,),
+            start_new_session=True,
+        )
+        os.close(write_fd)
+        write_fd = -1
+        try:
+            proc.stdin.write(_part(part_a) + _part(part_b))
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        _collect(proc, read_fd, list(cases), timeout_s, outcome)
+    finally:
+        if proc is not None:
+            if proc.poll() is None:
+                _kill_group(proc)  # bwrap: pid 1 of the namespace dies, and with it every process
+            proc.wait()
+            if proc.stderr is not None:
+                proc.stderr.close()
+        os.close(read_fd)
+        if write_fd >= 0:
+            os.close(write_fd)
+        if workdir is not None:
+            _rmtree(workdir)
+    if outcome.info is None and outcome.crash is not None and outcome.crash[0] == "SandboxError":
+        raise SandboxError(_setup_failure(options, outcome))
+    return outcome
+
+
+def _setup_failure(options: dict, outcome: _Outcome) -> str:
+    detail = outcome.stderr.strip() or outcome.crash[1]
+    if options["isolation"] == "bwrap":
+        return (
+            f"the bubblewrap sandbox could not start: {detail}. A non-root caller needs unprivileged user "
+            "namespaces (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0; "
+            "containers often need --security-opt seccomp=unconfined or running as root). To run model "
+            "code without isolation anyway, pass isolation='unsafe-subprocess' (unsafe)."
+        )
+    return f"the sandbox could not start: {detail}"
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -189,119 +387,48 @@ def _rmtree(path: str) -> None:
     shutil.rmtree(path, onerror=retry)
 
 
-def _run_child(
-    code: str,
-    setup: str,
-    cases: Sequence[tuple[int, str]],
-    *,
-    timeout_s: float,
-    timeouts_left: int,
-    options: dict,
-) -> _Outcome:
-    """Start one sandbox child for `cases` (a suffix of the job) and collect what it reports."""
-    is_root = os.geteuid() == 0
-    nonce = secrets.token_hex(16)
-    cpu_s = math.ceil(timeout_s * (len(cases) + 1)) + 2
-    job = {
-        "nonce": nonce,
-        "code": code,
-        "setup": setup,
-        "cases": list(cases),
-        "timeout_s": float(timeout_s),
-        "timeouts_left": int(timeouts_left),
-        "block_sockets": options["block_sockets"],
-        "namespaces": bool(options["namespaces"]),
-        "drop_to": [options["sandbox_uid"], options["sandbox_gid"]] if is_root else None,
-        "limits": {
-            "memory_bytes": int(options["memory_mb"] * 2**20) if options["memory_mb"] else None,
-            "cpu_s": cpu_s,
-            "file_bytes": int(options["max_file_mb"] * 2**20) if options["max_file_mb"] is not None else None,
-            "open_files": options["max_open_files"],
-            "processes": options["max_processes"],
-        },
-    }
-    workdir = tempfile.mkdtemp(prefix="comlrl-sandbox-")
-    outcome = _Outcome(results=[])
-    read_fd, write_fd = os.pipe()
-    proc = None
-    try:
-        if is_root:
-            os.chown(workdir, options["sandbox_uid"], options["sandbox_gid"])
-        os.chmod(workdir, 0o700)
-        python = options["python"] or sys.executable
-        proc = subprocess.Popen(
-            [python, "-I", "-S", "-B", str(_CHILD), str(write_fd)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            cwd=workdir,
-            env=_minimal_env(workdir),
-            pass_fds=(write_fd,),
-            start_new_session=True,
-        )
-        os.close(write_fd)
-        write_fd = -1
-        try:
-            proc.stdin.write(json.dumps(job).encode())
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        _collect(proc, read_fd, nonce, list(cases), timeout_s, outcome)
-    finally:
-        if proc is not None:
-            if proc.poll() is None:
-                try:
-                    proc.send_signal(signal.SIGTERM)  # supervisor kills its worker, then exits
-                    proc.wait(timeout=5.0)
-                except (subprocess.TimeoutExpired, ProcessLookupError):
-                    pass
-            _kill_group(proc)
-            proc.wait()
-        os.close(read_fd)
-        if write_fd >= 0:
-            os.close(write_fd)
-        _rmtree(workdir)
-    return outcome
-
-
-def _collect(proc, read_fd, nonce, cases, timeout_s, outcome: _Outcome) -> None:
-    """Read the child's records until it exits; enforce the wall-clock deadlines."""
-    prefix = nonce.encode() + b" "
+def _collect(proc, read_fd, cases, timeout_s, outcome: _Outcome) -> None:
+    """Read the judge's records until it exits; enforce the wall-clock deadlines."""
     pending = list(cases)
     buffer = b""
+    err_fd = proc.stderr.fileno()
+    fds = [read_fd, err_fd]
     phase = "start"
     deadline = time.monotonic() + _STARTUP_S
-    exit_record: dict | None = None
-    while exit_record is None:
+    while read_fd in fds:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             if phase == "end":
-                return  # everything was reported; the child is slow to exit and gets killed
+                return  # everything was reported; the judge is slow to exit and gets killed
             if phase == "start":
-                outcome.crash = ("SandboxError", "sandbox did not start in time", False)
+                outcome.crash = ("SandboxError", "the sandbox did not start in time", False)
             else:
                 outcome.crash = ("TimeoutException", f"timed out after {timeout_s:g} s (killed)", True)
             return
-        ready, _, _ = select.select([read_fd], [], [], min(remaining, 0.5))
-        if not ready:
+        ready, _, _ = select.select(fds, [], [], min(remaining, 0.5))
+        if err_fd in ready:
+            chunk = os.read(err_fd, 4096)
+            if not chunk:
+                fds.remove(err_fd)
+            elif len(outcome.stderr) < 4096:
+                outcome.stderr += chunk.decode(errors="replace")
+        if read_fd not in ready:
             continue
         chunk = os.read(read_fd, 1 << 16)
         if not chunk:
-            break  # every writer is gone without an exit record: the supervisor was killed
+            break  # the judge is gone
         buffer += chunk
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
-            if not line.startswith(prefix):
-                continue  # not ours (forged or garbage): ignored
             try:
-                record = json.loads(line[len(prefix) :])
+                record = json.loads(line)
             except ValueError:
                 continue
             kind = record.get("t")
             now = time.monotonic()
             if kind == "setup":
                 outcome.info = record["info"]
-                phase, deadline = "code", now + 2 * timeout_s + _GRACE_S  # solution + test setup
+                phase, deadline = "code", now + 2 * timeout_s + 2 * _GRACE_S  # solution + test setup
             elif kind == "ready":
                 outcome.ready = True
                 phase, deadline = "cases", now + timeout_s + _GRACE_S
@@ -324,33 +451,30 @@ def _collect(proc, read_fd, nonce, cases, timeout_s, outcome: _Outcome) -> None:
                     )
                 )
                 deadline = now + timeout_s + _GRACE_S
+            elif kind == "restart":
+                outcome.restart = True
+                phase, deadline = "end", now + _STARTUP_S
             elif kind == "done":
                 outcome.finished = True
                 phase, deadline = "end", now + _STARTUP_S
             elif kind == "fatal":
-                if outcome.info is None:
-                    raise SandboxError(f"sandbox setup failed: {record.get('etype')}: {record.get('msg')}")
-                outcome.crash = (record.get("etype", "SandboxCrash"), record.get("msg", ""), False)
+                outcome.crash = ("SandboxError", f"{record.get('etype')}: {record.get('msg')}", False)
                 return
-            elif kind == "exit":
-                exit_record = record
         if len(buffer) > _MAX_RECORD:
-            buffer = b""  # a flood on our pipe: drop it, the nonce check keeps us safe
-    if outcome.finished or outcome.code_error is not None:
+            buffer = b""
+    if outcome.finished or outcome.restart or outcome.code_error is not None:
         return
-    if exit_record is None:
-        how = "the sandbox supervisor was killed"
-    elif "signal" in exit_record:
-        how = f"killed by {_signal_name(exit_record['signal'])}"
-    else:
-        how = f"exited with code {exit_record.get('code')}"
+    try:
+        proc.wait(timeout=2.0)
+        rest = os.read(err_fd, 4096) if err_fd in fds else b""
+        outcome.stderr += rest.decode(errors="replace")
+    except (subprocess.TimeoutExpired, OSError):
+        pass
+    how = f"exited with code {proc.returncode}" if proc.returncode is not None else "stopped"
     if outcome.info is None:
-        raise SandboxError(f"sandbox child died during setup ({how})")
-    timed_out = exit_record is not None and exit_record.get("signal") == signal.SIGXCPU
-    if timed_out:
-        outcome.crash = ("TimeoutException", "CPU time limit exceeded", True)
+        outcome.crash = ("SandboxError", f"the sandbox {how} during setup", False)
     else:
-        outcome.crash = ("SandboxCrash", f"the test process died: {how}", False)
+        outcome.crash = ("SandboxCrash", f"the sandbox judge {how}", False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -369,14 +493,14 @@ def run_cases(
     """Run `code`, then `setup`, then each assert in `cases` in the sandbox; one result per case.
 
     A failure while running `code` or `setup` fails every case with that error (docs/multiturn.md §5.1).
-    Options: ``memory_mb`` (1024), ``max_processes`` (32), ``max_file_mb`` (16),
-    ``max_open_files`` (64), ``block_sockets`` (None = only without a network namespace),
-    ``namespaces`` (True), ``sandbox_uid``/``sandbox_gid`` (65534, used when running as root),
-    ``python`` (interpreter; default ``sys.executable``).
+    Options: ``memory_mb`` (1024: all processes of the sandbox together), ``max_processes`` (32,
+    threads included), ``max_file_mb`` (16: largest file), ``max_open_files`` (64), ``tmp_mb`` (64:
+    size of the private ``/tmp`` and of ``/dev/shm``), ``isolation`` (``"bwrap"``, or
+    ``"unsafe-subprocess"`` to run without isolation where bubblewrap cannot), ``python``
+    (interpreter; default ``sys.executable``).
     """
-    if timeout_s <= 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-    if max_timeouts < 1:
+    _check_timeout(timeout_s)
+    if not isinstance(max_timeouts, int) or max_timeouts < 1:
         raise ValueError(f"max_timeouts must be >= 1, got {max_timeouts!r}")
     opts = _options(options)
     cases = list(cases)
@@ -418,6 +542,8 @@ def run_cases(
                 i = pending.pop(0)
                 results[i] = TestResult(i, cases[i], False, etype, msg, timed_out=timed_out)
                 timeouts += timed_out
+        elif outcome.restart:
+            continue  # the worker died during a case (reported); a fresh sandbox takes the rest
         elif not outcome.finished and pending:
             raise SandboxError("sandbox child stopped without reporting")
         # finished with cases pending: the child hit the timeout cap; the loop marks them skipped
@@ -439,6 +565,8 @@ def run_tests(
     :class:`TestResult` per case, in order (empty if no case was found). ``math`` is pre-imported
     for the code, as upstream does. See :func:`run_cases` for the options.
     """
+    _check_timeout(timeout_s)
+    _options(options)
     cases = extract_test_cases(test_code, entry_point)
     if not cases:
         return []
