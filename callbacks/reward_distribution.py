@@ -51,7 +51,7 @@ class RewardDistributionLogger(L.Callback):
 
     def _maybe_log(self, trainer: L.Trainer) -> None:
         dm = trainer.datamodule
-        cand = getattr(dm, "candidate_raw_rewards", None)
+        cand = dm.candidate_raw_rewards
         if not cand or cand["round"] <= self.logged_round:
             return
         self.logged_round = cand["round"]

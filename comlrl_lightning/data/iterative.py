@@ -50,6 +50,7 @@ class IterativePreferenceDataModule(PreferenceDataModule):
         self._comparator_ready = False
         self._comparator_state: dict | None = None
         self.preference_oracle: Any = None
+        self.candidate_raw_rewards: dict | None = None
         self.store: ReplayStore | None = None
         self.new_pairs: list[PreferencePair] = []
         self.pending_round: int | None = None
