@@ -20,6 +20,7 @@ optimizer step of every agent (and of every critic).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,8 +30,21 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from comlrl_lightning.agents import AgentTeam, build_agents
+from comlrl_lightning.config.secrets import redact_secrets
 from comlrl_lightning.evaluation import evaluate_team
 from comlrl_lightning.generation import SamplingSettings
+
+
+def save_redacted_hyperparameters(module: L.LightningModule, ignore: Sequence[str] = (), frame: Any = None) -> None:
+    """``module.save_hyperparameters(ignore=...)`` of the ``__init__`` arguments seen from ``frame`` (default: the
+    caller's), secrets redacted (:func:`~comlrl_lightning.config.secrets.redact_secrets`): ``hparams.yaml``,
+    loggers and every checkpoint never hold an API key, a header value, a URL query or an extra-body string.
+    Every module of the package saves its hyper-parameters through this function."""
+    if frame is None:
+        current = inspect.currentframe()
+        frame = current.f_back if current is not None else None
+    module.save_hyperparameters(ignore=list(ignore), frame=frame)
+    module.save_hyperparameters(redact_secrets(dict(module.hparams)))
 
 
 class TeamModuleBase(L.LightningModule):
@@ -48,6 +62,11 @@ class TeamModuleBase(L.LightningModule):
     """
 
     args: Any
+
+    def save_redacted_hyperparameters(self, ignore: Sequence[str] = ()) -> None:
+        """:func:`save_redacted_hyperparameters` of the caller's ``__init__`` arguments."""
+        frame = inspect.currentframe()
+        save_redacted_hyperparameters(self, ignore, frame.f_back if frame is not None else None)
 
     def init_team(self, agent_model: str | None, agents: Sequence[Any] | None, tokenizer: Any,
                   model_config: dict | None, lora: dict | None, optimizer: OptimizerCallable | None = None,

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from comlrl_lightning.agents import load_model, load_tokenizer, prepare_tokenizer
 from comlrl_lightning.losses import bradley_terry_loss, bradley_terry_stats
+from comlrl_lightning.modules.base import save_redacted_hyperparameters
 from comlrl_lightning.reward_model import (
     RewardModelOptions,
     check_prompt_part_fits,
@@ -95,9 +96,9 @@ class JointRewardModel(L.LightningModule):
                 "head, a LoRA backbone trains its adapter and the head. Drop one of the two."
             )
         if isinstance(source, str):
-            self.save_hyperparameters(ignore=["tokenizer"])
+            save_redacted_hyperparameters(self, ignore=["tokenizer"])
         else:
-            self.save_hyperparameters(ignore=["model", "tokenizer"])
+            save_redacted_hyperparameters(self, ignore=["model", "tokenizer"])
         # Kept in a tuple so that Lightning does not register the pristine object as a submodule.
         self._source: tuple[str | nn.Module] = (source,)
         self._model_config = model_config

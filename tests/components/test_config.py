@@ -360,7 +360,9 @@ def test_secret_headers_are_redacted_in_dumps():
     from comlrl_lightning.config import MADPOIterConfig
 
     cfg = MADPOIterConfig(comparator_policy="api", comparator_api_url="http://127.0.0.1:1/x",
-                          comparator_api_headers={"Authorization": "Bearer sk-secret", "X-Trace": "abc"})
+                          comparator_api_headers={"Authorization": "Bearer sk-secret", "X-Trace": "abc",
+                                                  "Content-Type": "application/json"})
     dumped = cfg.to_dict()["comparator_api_headers"]
-    assert dumped == {"Authorization": "***", "X-Trace": "abc"}
+    # every header value is a secret unless the header is known-safe
+    assert dumped == {"Authorization": "***", "X-Trace": "***", "Content-Type": "application/json"}
     assert "sk-secret" not in repr(cfg)
