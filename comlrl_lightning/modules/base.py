@@ -32,6 +32,7 @@ from torch import nn
 from comlrl_lightning.agents import AgentTeam, build_agents
 from comlrl_lightning.config.secrets import redact_secrets
 from comlrl_lightning.evaluation import evaluate_team
+from comlrl_lightning.files import state_digest
 from comlrl_lightning.generation import SamplingSettings
 
 
@@ -45,6 +46,40 @@ def save_redacted_hyperparameters(module: L.LightningModule, ignore: Sequence[st
         frame = current.f_back if current is not None else None
     module.save_hyperparameters(ignore=list(ignore), frame=frame)
     module.save_hyperparameters(redact_secrets(dict(module.hparams)))
+
+
+CHECKPOINT_DIGEST_KEY = "comlrl_digest"
+
+
+def _sealed_parts(module: L.LightningModule, checkpoint: dict) -> dict:
+    """What the checkpoint digest covers: the weights, the callbacks' and the data module's state, our counters."""
+    parts = {k: checkpoint.get(k) for k in ("state_dict", "callbacks", "comlrl_progress")}
+    trainer = module._trainer
+    dm = getattr(trainer, "datamodule", None) if trainer is not None else None
+    if dm is not None:
+        parts["datamodule"] = checkpoint.get(type(dm).__qualname__)
+    return parts
+
+
+def seal_checkpoint(module: L.LightningModule, checkpoint: dict) -> None:
+    """Store a sha256 digest of :func:`_sealed_parts` under ``checkpoint["comlrl_digest"]`` (called last in
+    ``on_save_checkpoint``, when Lightning has put the weights and every other state into ``checkpoint``)."""
+    checkpoint[CHECKPOINT_DIGEST_KEY] = {"sha256": state_digest(_sealed_parts(module, checkpoint))}
+
+
+def verify_checkpoint(module: L.LightningModule, checkpoint: dict) -> None:
+    """Raise ``ValueError`` naming the file when the checkpoint no longer matches the digest written with it
+    (flipped tensor bytes, edited state). Checkpoints without a digest (written by other code) are accepted."""
+    sealed = checkpoint.get(CHECKPOINT_DIGEST_KEY)
+    if not isinstance(sealed, dict) or "sha256" not in sealed:
+        return
+    if state_digest(_sealed_parts(module, checkpoint)) != sealed["sha256"]:
+        trainer = module._trainer
+        path = getattr(trainer, "ckpt_path", None) if trainer is not None else None
+        raise ValueError(
+            f"Checkpoint {path or '(given to load_from_checkpoint)'} is corrupt: its weights or saved state do not "
+            "match the sha256 digest written with it (the file was modified or damaged after saving). Resume from "
+            "another checkpoint.")
 
 
 class TeamModuleBase(L.LightningModule):
@@ -172,8 +207,10 @@ class TeamModuleBase(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["comlrl_progress"] = self.progress_state()
+        seal_checkpoint(self, checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        verify_checkpoint(self, checkpoint)
         self.load_progress_state(checkpoint.get("comlrl_progress", {}))
 
     def save_agents(self, output_dir: str) -> list[str]:

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from comlrl_lightning.agents import load_model, load_tokenizer, prepare_tokenizer
 from comlrl_lightning.losses import bradley_terry_loss, bradley_terry_stats
-from comlrl_lightning.modules.base import save_redacted_hyperparameters
+from comlrl_lightning.modules.base import save_redacted_hyperparameters, seal_checkpoint, verify_checkpoint
 from comlrl_lightning.reward_model import (
     RewardModelOptions,
     check_prompt_part_fits,
@@ -265,6 +265,12 @@ class JointRewardModel(L.LightningModule):
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         return self._pair_step(batch, "val")
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        seal_checkpoint(self, checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        verify_checkpoint(self, checkpoint)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]

@@ -18,6 +18,7 @@ from comlrl_lightning.callbacks import (
     IterativePreferenceCollection,
     ReplaySelection,
 )
+from comlrl_lightning.files import json_digest
 from comlrl_lightning.preferences import PAIR_FIELDS
 
 
@@ -39,7 +40,7 @@ def test_two_rounds_write_round_files_and_log_metrics(tiny_model_dir, tmp_path):
     total = 0
     for i, h in enumerate(hist, start=1):
         data = json.loads((replay / f"iteration_{i:04d}.json").read_text())
-        assert set(data) == {"iteration", "num_pairs", "pairs"}
+        assert set(data) == {"iteration", "num_pairs", "pairs", "sha256"}
         assert data["iteration"] == i and data["num_pairs"] == len(data["pairs"]) == h["round/num_pairs"]
         total += data["num_pairs"]
         for rec_ in data["pairs"]:
@@ -68,7 +69,7 @@ def test_round_with_no_pairs_trains_nothing_and_fit_goes_on(tiny_model_dir, tmp_
     assert [h["round/tie_rate"] for h in tr.collection.history] == [1.0, 1.0]
     for i in (1, 2):
         data = json.loads((tmp_path / "preference_replay" / f"iteration_{i:04d}.json").read_text())
-        assert data == {"iteration": i, "num_pairs": 0, "pairs": []}
+        assert data == {"iteration": i, "num_pairs": 0, "pairs": [], "sha256": json_digest([])}
 
 
 def test_callbacks_in_a_plain_user_trainer(tiny_model_dir, tmp_path):
