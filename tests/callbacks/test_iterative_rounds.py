@@ -135,3 +135,14 @@ def test_iterative_yaml_parses_and_runs(tmp_path, monkeypatch, capsys):
     assert sorted(p.name for p in (out / "preference_replay").glob("iteration_*.json")) == [
         "iteration_0001.json", "iteration_0002.json"]
     assert (out / "policy_checkpoints/iteration_0001/agent_1").is_dir()
+
+
+def test_replay_options_without_replay_selection_are_refused(tiny_model_dir, tmp_path):
+    """Issue 14, finding 10: replay options that nothing would read are an error in setup, not ignored."""
+    args = iter_args(preference_replay_mode="lambda_decay", preference_replay_lambda=0.5,
+                     preference_replay_sample_size=4)
+    module, dm = _plain_parts(tiny_model_dir, tmp_path, args)
+    trainer = L.Trainer(callbacks=[IterativePreferenceCollection()], max_epochs=2, reload_dataloaders_every_n_epochs=1,
+                        **cpu_trainer_kwargs(default_root_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="preference_replay_mode='lambda_decay'.*no ReplaySelection"):
+        trainer.fit(module, datamodule=dm)
