@@ -66,6 +66,7 @@ def _scan(root) -> tuple[int, list[str]]:
 
 def _assert_clean(root, min_files: int = 3) -> None:
     scanned, hits = _scan(root)
+    print(f"secret scan of {root.name}: {scanned} files, {len(hits)} with the key")
     assert not hits, hits
     assert scanned >= min_files
     names = {p.name for p in root.rglob("*")}
