@@ -51,34 +51,39 @@ def save_redacted_hyperparameters(module: L.LightningModule, ignore: Sequence[st
 CHECKPOINT_DIGEST_KEY = "comlrl_digest"
 
 
-def _sealed_parts(module: L.LightningModule, checkpoint: dict) -> dict:
+def _sealed_parts(module: L.LightningModule, checkpoint: dict, datamodule_key: str | None) -> dict:
     """What the checkpoint digest covers: the weights, the callbacks' and the data module's state, our counters."""
     parts = {k: checkpoint.get(k) for k in ("state_dict", "callbacks", "comlrl_progress")}
-    trainer = module._trainer
-    dm = getattr(trainer, "datamodule", None) if trainer is not None else None
-    if dm is not None:
-        parts["datamodule"] = checkpoint.get(type(dm).__qualname__)
+    if datamodule_key is not None:
+        parts["datamodule"] = checkpoint.get(datamodule_key)
     return parts
 
 
 def seal_checkpoint(module: L.LightningModule, checkpoint: dict) -> None:
-    """Store a sha256 digest of :func:`_sealed_parts` under ``checkpoint["comlrl_digest"]`` (called last in
-    ``on_save_checkpoint``, when Lightning has put the weights and every other state into ``checkpoint``)."""
-    checkpoint[CHECKPOINT_DIGEST_KEY] = {"sha256": state_digest(_sealed_parts(module, checkpoint))}
+    """Store one sha256 digest per part of :func:`_sealed_parts` under ``checkpoint["comlrl_digest"]`` (called
+    last in ``on_save_checkpoint``, when Lightning has put the weights and every other state into ``checkpoint``)."""
+    trainer = module._trainer
+    dm = getattr(trainer, "datamodule", None) if trainer is not None else None
+    key = type(dm).__qualname__ if dm is not None else None
+    parts = _sealed_parts(module, checkpoint, key)
+    checkpoint[CHECKPOINT_DIGEST_KEY] = {"datamodule_key": key,
+                                         "sha256": {name: state_digest(v) for name, v in parts.items()}}
 
 
 def verify_checkpoint(module: L.LightningModule, checkpoint: dict) -> None:
-    """Raise ``ValueError`` naming the file when the checkpoint no longer matches the digest written with it
-    (flipped tensor bytes, edited state). Checkpoints without a digest (written by other code) are accepted."""
+    """Raise ``ValueError`` naming the file when the checkpoint no longer matches the digests written with it
+    (flipped tensor bytes, edited state). Checkpoints without digests (written by other code) are accepted."""
     sealed = checkpoint.get(CHECKPOINT_DIGEST_KEY)
-    if not isinstance(sealed, dict) or "sha256" not in sealed:
+    if not isinstance(sealed, dict) or not isinstance(sealed.get("sha256"), dict):
         return
-    if state_digest(_sealed_parts(module, checkpoint)) != sealed["sha256"]:
+    parts = _sealed_parts(module, checkpoint, sealed.get("datamodule_key"))
+    bad = [name for name, digest in sealed["sha256"].items() if state_digest(parts.get(name)) != digest]
+    if bad:
         trainer = module._trainer
         path = getattr(trainer, "ckpt_path", None) if trainer is not None else None
         raise ValueError(
-            f"Checkpoint {path or '(given to load_from_checkpoint)'} is corrupt: its weights or saved state do not "
-            "match the sha256 digest written with it (the file was modified or damaged after saving). Resume from "
+            f"Checkpoint {path or '(given to load_from_checkpoint)'} is corrupt: its {', '.join(bad)} do not match "
+            "the sha256 digest written with it (the file was modified or damaged after saving). Resume from "
             "another checkpoint.")
 
 

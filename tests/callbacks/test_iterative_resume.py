@@ -117,5 +117,11 @@ def test_checkpoint_with_flipped_tensor_bytes_is_refused(runs, tiny_model_dir, t
     root = tmp_path / "copy"
     shutil.copytree(runs["root"], root)
     c = make_trainer(tiny_model_dir, root, args=_args(), num_items=4)
-    with pytest.raises(ValueError, match=re.escape(str(bad)) + ".*corrupt.*sha256"):
+    with pytest.raises(ValueError, match=re.escape(str(bad)) + ".*corrupt.*state_dict.*sha256"):
         c.train(ckpt_path=str(bad))
+    # outside a Trainer too: the intact checkpoint loads, the flipped one does not
+    from comlrl_lightning.modules.madpo import MADPOModule
+
+    MADPOModule.load_from_checkpoint(runs["ckpt"], weights_only=False)
+    with pytest.raises(ValueError, match="corrupt.*state_dict"):
+        MADPOModule.load_from_checkpoint(bad, weights_only=False)
