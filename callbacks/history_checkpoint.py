@@ -6,6 +6,9 @@ tokenizer, or just the LoRA adapter weights. A snapshot is written into a tempor
 target and renamed into place, so a crash never leaves a half-written snapshot. ``dir`` is ``dirpath``,
 else ``args.policy_checkpoint_dir``, else ``<trainer.default_root_dir>/policy_checkpoints``. The
 ``history`` comparator reads these snapshots.
+
+The checkpoint state names the snapshots relative to that folder (``initial``, ``iteration_0000``, ...), never by
+absolute path: a run folder copied elsewhere and resumed there uses, and checks, its own snapshots.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ class HistoryCheckpoint(L.Callback):
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        self.saved[name] = str(target)
+        self.saved[name] = name
         return target
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -66,12 +69,17 @@ class HistoryCheckpoint(L.Callback):
             self.save(pl_module, name)
 
     def state_dict(self) -> dict:
-        return {"root": str(self.root) if self.root else None, "saved": dict(self.saved)}
+        # snapshot names only: the folder is resolved again by the run that loads the state (see module docstring)
+        return {"saved": {name: name for name in self.saved}}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        saved = dict(state_dict.get("saved", {}))
-        missing = [p for p in saved.values() if not Path(p).is_dir()]
-        if missing:
-            raise FileNotFoundError(f"HistoryCheckpoint: the checkpoint's policy snapshots are missing: {missing}. "
-                                    "Keep the policy_checkpoint_dir of the run you resume.")
+        # older states held absolute paths: only the snapshot's name is kept, resolved under this run's folder
+        saved = {name: Path(p).name for name, p in dict(state_dict.get("saved", {})).items()}
+        if self.root is not None:
+            missing = [str(self.root / p) for p in saved.values() if not (self.root / p).is_dir()]
+            if missing:
+                raise FileNotFoundError(
+                    f"HistoryCheckpoint: the checkpoint's policy snapshots are missing: {missing}. Resume with the "
+                    "policy_checkpoint_dir (or default_root_dir) of the run that wrote the checkpoint, or a copy "
+                    "of it.")
         self.saved = saved

@@ -26,6 +26,22 @@ from comlrl_lightning.protocols import RoundData, TeamModule, check_protocol
 from comlrl_lightning.replay import rng_from_plain, rng_state_to_plain
 from comlrl_lightning.rounds import check_round_setup, next_round_at_epoch_end
 
+_REPLAY_OPTIONS = ("preference_replay_k", "preference_replay_lambda", "preference_replay_sample_size")
+
+
+def _check_replay_selection(trainer: L.Trainer, args: Any) -> None:
+    """Replay options only act through the replay-selection callback: set without it, they would be ignored."""
+    if any(getattr(cb, "selects_replay", False) for cb in trainer.callbacks):
+        return
+    mode = getattr(args, "preference_replay_mode", "current")
+    given = [f"{name}={getattr(args, name)!r}" for name in _REPLAY_OPTIONS if getattr(args, name, None) is not None]
+    if mode != "current" or given:
+        options = ", ".join([f"preference_replay_mode={mode!r}", *given])
+        raise ValueError(
+            f"Replay options are set ({options}) but no ReplaySelection callback is configured, so they would be "
+            "ignored. Add comlrl_lightning.callbacks.ReplaySelection after IterativePreferenceCollection in the "
+            "Trainer's callbacks (or use MADPOIterTrainer / MARLHFIterTrainer), or leave the replay options unset.")
+
 
 class IterativePreferenceCollection(L.Callback):
     """Collect one round of current-vs-comparator pairs at every round boundary.
@@ -60,6 +76,7 @@ class IterativePreferenceCollection(L.Callback):
                        "MADPOModule with a MADPOIterConfig")
         check_protocol(trainer.datamodule, RoundData, "IterativePreferenceCollection", "data module",
                        "IterativePreferenceDataModule")
+        _check_replay_selection(trainer, pl_module.args)
         trainer.datamodule.offer_comparator(self.comparator, "IterativePreferenceCollection(comparator=...)")
         seed = pl_module.args.seed if self.seed is None else self.seed
         if self.streams is None:

@@ -23,6 +23,8 @@ class ReplaySelection(L.Callback):
     ``preference_replay_lambda``)."""
 
     round_stage = 3
+    #: Marks the callback that reads the replay options; the collection callbacks refuse replay options without it.
+    selects_replay = True
 
     def __init__(self, mode: str | None = None, sample_size: int | None = None, k: int | None = None,
                  lam: float | None = None):

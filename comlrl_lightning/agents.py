@@ -263,6 +263,24 @@ def sync_special_tokens(model: Any, tok: Any) -> None:
             cfg.eos_token_id = eos
 
 
+def check_vocab(model: Any, tokenizer: Any, name: str, grow: bool = False) -> None:
+    """The tokenizer's ids must all have an embedding row: a larger tokenizer would train until the first
+    out-of-range id, then fail deep inside torch. With ``grow`` (``model_config["special_tokens"]`` added tokens
+    to a model we loaded) the embeddings are resized to the tokenizer instead."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(emb, "num_embeddings", None)
+    size = len(tokenizer) if tokenizer is not None else None
+    if rows is None or size is None or size <= rows:
+        return
+    if grow:
+        model.resize_token_embeddings(size)
+        return
+    raise ValueError(
+        f"The tokenizer of {name} has {size} token ids but the model's embedding has only {rows} rows, so an id >= "
+        f"{rows} would crash inside torch. Use the model's own tokenizer, or call "
+        f"model.resize_token_embeddings({size}) before passing the model.")
+
+
 def build_agents(
     agent_model: str | None = None,
     agents: Sequence[Any] | None = None,
@@ -327,6 +345,7 @@ def build_agents(
         from peft import LoraConfig, get_peft_model
 
         base = load_model(agent_model, model_config)
+        check_vocab(base, tokenizers[0], agent_model, grow=bool(special))
         lora_kwargs = {"task_type": "CAUSAL_LM", **lora}
         peft_model = get_peft_model(base, LoraConfig(**lora_kwargs), adapter_name="agent_0")
         for i in range(1, n):
@@ -347,6 +366,7 @@ def build_agents(
             names.append(model_name_of(s))
         else:
             raise ValueError(f"agents entries must be model ids, paths or torch modules; got {type(s).__name__}.")
-    for m in models:
+    for i, (m, s) in enumerate(zip(models, sources)):
+        check_vocab(m, tokenizers[i], f"agent {i} ({names[i]})", grow=bool(special) and isinstance(s, str))
         m.train()
     return AgentTeam(models, tokenizers, names=names)

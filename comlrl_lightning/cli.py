@@ -12,7 +12,15 @@ from __future__ import annotations
 
 def _make_cli_class():
     import lightning as L
-    from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+
+    class RedactingArgumentParser(LightningArgumentParser):
+        """Every dump of a config (``--print_config``, the saved ``config.yaml``) goes through ``redact_secrets``."""
+
+        def dump(self, cfg, *args, **kwargs):
+            from comlrl_lightning.config import redact_secrets
+
+            return super().dump(redact_secrets(cfg), *args, **kwargs)
 
     class RedactingSaveConfigCallback(SaveConfigCallback):
         """Saves the run's config like Lightning does, minus literal API keys and secret headers."""
@@ -23,6 +31,10 @@ def _make_cli_class():
             super().__init__(parser, redact_secrets(config), *args, **kwargs)
 
     class ComlrlCLI(LightningCLI):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("parser_class", RedactingArgumentParser)
+            super().__init__(*args, **kwargs)
+
         def before_fit(self) -> None:
             args = getattr(self.model, "args", None)
             loop = self.trainer.fit_loop

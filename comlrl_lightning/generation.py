@@ -11,10 +11,15 @@ with that value, so streams (agents, comparator, evaluation) never disturb each 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+#: Above this, ``tokenizer.model_max_length`` is transformers' "no limit" sentinel.
+_NO_LIMIT = 10**9
 
 
 @dataclass
@@ -52,6 +57,31 @@ class Samples:
     texts: list[list[str]]
 
 
+def context_limit(model: Any, tokenizer: Any) -> int | None:
+    """Tokens the model can attend to: ``max_position_embeddings`` (or ``n_positions``) of its config and the
+    tokenizer's ``model_max_length``, the smaller one; None when neither is known."""
+    cfg = getattr(model, "config", None)
+    limits = [getattr(cfg, a, None) for a in ("max_position_embeddings", "n_positions")]
+    limits.append(getattr(tokenizer, "model_max_length", None))
+    limits = [v for v in limits if isinstance(v, int) and not isinstance(v, bool) and 0 < v < _NO_LIMIT]
+    return min(limits) if limits else None
+
+
+def truncate_prompt_ids(ids: Sequence[int], limit: int | None, what: str = "prompt",
+                        keep_first: int | None = None) -> list[int]:
+    """``ids`` cut to their last ``limit`` tokens (the end of a prompt holds the question), with a warning; a
+    leading ``keep_first`` id (the BOS token) stays in front. ``limit`` None or not exceeded: unchanged."""
+    ids = list(ids)
+    if limit is None or len(ids) <= limit:
+        return ids
+    limit = max(1, limit)
+    head = [ids[0]] if keep_first is not None and ids and ids[0] == keep_first and limit > 1 else []
+    out = head + ids[len(ids) - (limit - len(head)):]
+    warnings.warn(f"{what} has {len(ids)} tokens, more than the {limit} the model can take; it was truncated to its "
+                  f"last {limit} tokens (docs/preference.md §7.3).", UserWarning, stacklevel=3)
+    return out
+
+
 def _device_of(model: torch.nn.Module) -> torch.device:
     try:
         return next(model.parameters()).device
@@ -73,7 +103,9 @@ def sample_completions(
 
     Completion ids are the generated tokens up to (excluding) the first pad token; when pad != eos the
     EOS token stays in, as in upstream's generated rows. The model is put in eval mode for sampling and
-    its previous mode restored.
+    its previous mode restored. A prompt longer than the model's context minus ``max_new_tokens``
+    (:func:`context_limit`) is cut to its last tokens with a warning (:func:`truncate_prompt_ids`); the
+    returned ``prompt_ids`` are the ids actually used.
     """
     if num_candidates < 1:
         raise ValueError(f"num_candidates must be >= 1. Got {num_candidates}.")
@@ -84,6 +116,12 @@ def sample_completions(
     for i, ids in enumerate(prompt_ids):
         if not ids:
             raise ValueError(f"Prompt {i} tokenizes to nothing: {prompts[i]!r}. Prompts must be non-empty.")
+    context = context_limit(model, tokenizer)
+    budget = None if context is None else max(1, context - settings.max_new_tokens)
+    full = [len(ids) for ids in prompt_ids]
+    prompt_ids = [truncate_prompt_ids(ids, budget, f"Prompt {i}", tokenizer.bos_token_id)
+                  for i, ids in enumerate(prompt_ids)]
+    truncated = any(len(ids) != n for ids, n in zip(prompt_ids, full))
     completion_ids: list[list[list[int]]] = []
     texts: list[list[str]] = []
     per_chunk = max(1, max_batch_rows // num_candidates)
@@ -94,7 +132,11 @@ def sample_completions(
     try:
         for start in range(0, len(prompts), per_chunk):
             chunk = list(prompts[start:start + per_chunk])
-            enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=True).to(device)
+            if truncated:  # pad the (cut) ids themselves
+                enc = tokenizer.pad({"input_ids": prompt_ids[start:start + per_chunk]}, padding=True,
+                                    return_tensors="pt").to(device)
+            else:
+                enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=True).to(device)
             gen_kwargs = dict(
                 do_sample=True,
                 temperature=settings.temperature,

@@ -7,6 +7,7 @@ current policy's candidate j with the comparator's candidate j. Ties are never k
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
@@ -57,28 +58,45 @@ class PreferencePair:
 
     @classmethod
     def from_json(cls, record: dict[str, Any], num_agents: int | None = None) -> PreferencePair:
-        """Rebuild a pair from its record; text lists are cut or padded with "" to ``num_agents``."""
+        """Rebuild a pair from its record (docs/preference.md §3.7); text lists are cut or padded with "" to
+        ``num_agents``.
+
+        ``prompts``, ``winner_completions`` and ``loser_completions`` must be present as non-empty lists of
+        strings, and every reward present must be a finite number; anything else raises ``ValueError`` naming
+        the field (a damaged record never trains as empty text). Missing reward fields read 0.0 / None / [].
+        """
         if not isinstance(record, dict):
             raise ValueError(f"a preference pair record must be a dict; got {type(record).__name__}.")
 
         def texts(key: str) -> list[str]:
-            values = [str(v) for v in (record.get(key) or [])]
+            values = record.get(key)
+            if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+                got = "missing" if key not in record else repr(values)[:80]
+                raise ValueError(f"preference pair record: {key!r} must be a non-empty list of strings; got {got}.")
             if num_agents is not None:
                 values = (values + [""] * num_agents)[:num_agents]
-            return values
+            return list(values)
+
+        def number(key: str, value: Any) -> float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"preference pair record: {key!r} must be a finite number; got {value!r}.")
+            return float(value)
 
         def opt(key: str) -> float | None:
             v = record.get(key)
-            return None if v is None else float(v)
+            return None if v is None else number(key, v)
 
+        raw = record.get("raw_rewards") or []
+        if not isinstance(raw, list):
+            raise ValueError(f"preference pair record: 'raw_rewards' must be a list; got {raw!r}.")
         return cls(
             prompts=texts("prompts"),
             winner_completions=texts("winner_completions"),
             loser_completions=texts("loser_completions"),
-            winner_reward=float(record.get("winner_reward", 0.0) or 0.0),
-            loser_reward=float(record.get("loser_reward", 0.0) or 0.0),
-            candidate_reward_mean=float(record.get("candidate_reward_mean", 0.0) or 0.0),
-            raw_rewards=[float(x) for x in (record.get("raw_rewards") or [])],
+            winner_reward=opt("winner_reward") or 0.0,
+            loser_reward=opt("loser_reward") or 0.0,
+            candidate_reward_mean=opt("candidate_reward_mean") or 0.0,
+            raw_rewards=[number("raw_rewards", x) for x in raw],
             target_raw_reward=opt("target_raw_reward"),
             comparator_raw_reward=opt("comparator_raw_reward"),
         )

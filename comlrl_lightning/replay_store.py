@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from comlrl_lightning.files import write_text_atomic
+from comlrl_lightning.files import json_digest, write_text_atomic
 from comlrl_lightning.replay import (
     REPLAY_MODES,
     Rng,
@@ -39,11 +39,13 @@ _STATE_VERSION = 1
 
 
 class ReplayShard(NamedTuple):
-    """A non-empty round on disk: 1-based ``iteration``, file ``path``, ``num_pairs`` ≥ 1."""
+    """A non-empty round on disk: 1-based ``iteration``, file ``path``, ``num_pairs`` ≥ 1, and the ``sha256``
+    digest of its pairs (None in states written before digests existed)."""
 
     iteration: int
     path: Path
     num_pairs: int
+    sha256: str | None = None
 
 
 class ReplayStore:
@@ -103,11 +105,12 @@ class ReplayStore:
     def write_round(self, iteration: int, pairs: Sequence[dict[str, Any]]) -> Path:
         """Write round ``iteration`` (1-based) and register it as a shard if it has pairs.
 
-        The file is compact UTF-8 JSON ``{"iteration": I, "num_pairs": n, "pairs": [...]}`` with
-        non-ASCII text kept, written to a temp file in the same directory, fsynced, then renamed
-        over the target (``os.replace``), so a crash never leaves a half-written round. NaN or
-        infinite numbers are rejected. Rewriting an iteration that is already registered (a
-        resumed run replaying a round) drops it and any later shard from the index first.
+        The file is compact UTF-8 JSON ``{"iteration": I, "num_pairs": n, "pairs": [...], "sha256": d}`` with
+        non-ASCII text kept (``d`` = :func:`~comlrl_lightning.files.json_digest` of ``pairs``, checked on load),
+        written to a temp file in the same directory, fsynced, then renamed over the target (``os.replace``),
+        so a crash never leaves a half-written round. NaN or infinite numbers are rejected. Rewriting an
+        iteration that is already registered (a resumed run replaying a round) drops it and any later shard
+        from the index first.
         """
         if not _is_int(iteration) or iteration < 1:
             raise ValueError(f"replay iteration numbers are 1-based ints, got {iteration!r}.")
@@ -119,8 +122,9 @@ class ReplayStore:
                 )
         self._warn_leftovers()
         path = self.file_for(iteration)
-        payload = {"iteration": iteration, "num_pairs": len(pairs), "pairs": pairs}
         try:
+            digest = json_digest(pairs)
+            payload = {"iteration": iteration, "num_pairs": len(pairs), "pairs": pairs, "sha256": digest}
             text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as err:
             raise ValueError(f"cannot write {path}: a pair is not plain finite JSON ({err}).") from err
@@ -135,15 +139,16 @@ class ReplayStore:
             )
             self._shards = [s for s in self._shards if s.iteration < iteration]
         if pairs:
-            self._shards.append(ReplayShard(iteration, path, len(pairs)))
+            self._shards.append(ReplayShard(iteration, path, len(pairs), digest))
         return path
 
     def load_shard(self, shard: ReplayShard) -> list[dict[str, Any]]:
         """The pair records of ``shard``, after checking the file against the index.
 
         Raises ``FileNotFoundError`` when the file is missing and ``ValueError`` when it is not
-        valid JSON, has the wrong top level, holds a non-dict record, or its ``iteration`` /
-        ``num_pairs`` disagree with the index; every message names the file.
+        valid JSON, has the wrong top level, holds a non-dict record, its ``iteration`` /
+        ``num_pairs`` disagree with the index, or its pairs do not match their ``sha256`` digest (an edited
+        file) or the digest the index recorded when the round was written; every message names the file.
         """
         path = Path(shard.path)
         try:
@@ -157,10 +162,11 @@ class ReplayStore:
             data = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ValueError(f"Replay shard {path} is corrupt: not valid JSON ({err}).") from err
-        if not isinstance(data, dict) or set(data) != {"iteration", "num_pairs", "pairs"}:
+        if not isinstance(data, dict) or set(data) != {"iteration", "num_pairs", "pairs", "sha256"}:
             got = sorted(data) if isinstance(data, dict) else type(data).__name__
             raise ValueError(
-                f"Replay shard {path} is corrupt: expected an object with keys iteration, num_pairs, pairs; got {got}."
+                f"Replay shard {path} is corrupt: expected an object with keys iteration, num_pairs, pairs, sha256; "
+                f"got {got}."
             )
         pairs = data["pairs"]
         if not isinstance(pairs, list) or not all(isinstance(p, dict) for p in pairs):
@@ -173,6 +179,16 @@ class ReplayStore:
         if data["iteration"] != shard.iteration:
             raise ValueError(
                 f"Replay shard {path} is corrupt: iteration={data['iteration']!r}, expected {shard.iteration}."
+            )
+        try:
+            digest = json_digest(pairs)
+        except ValueError as err:
+            raise ValueError(f"Replay shard {path} is corrupt: a pair is not plain finite JSON ({err}).") from err
+        if digest != data["sha256"] or (shard.sha256 is not None and digest != shard.sha256):
+            raise ValueError(
+                f"Replay shard {path} was modified after it was written: its pairs do not match the sha256 digest "
+                f"{'in the file' if digest != data['sha256'] else 'recorded in the replay index'}. Restore the "
+                "original file (or start a new run)."
             )
         return pairs
 
@@ -223,7 +239,7 @@ class ReplayStore:
             "version": _STATE_VERSION,
             "directory": str(self.directory),
             "shards": [
-                {"iteration": s.iteration, "file": Path(s.path).name, "num_pairs": s.num_pairs}
+                {"iteration": s.iteration, "file": Path(s.path).name, "num_pairs": s.num_pairs, "sha256": s.sha256}
                 for s in self._shards
             ],
             "rng": rng_state_to_plain(self.rng),
@@ -234,6 +250,7 @@ class ReplayStore:
         try:
             version = state["version"]
             entries = [(int(e["iteration"]), str(e["file"]), int(e["num_pairs"])) for e in state["shards"]]
+            digests = [e.get("sha256") for e in state["shards"]]
             rng = rng_from_plain(state["rng"])
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"not a ReplayStore state_dict ({err!r}).") from err
@@ -246,7 +263,7 @@ class ReplayStore:
             raise ValueError(
                 f"corrupt ReplayStore state: iterations must increase and num_pairs be >= 1 ({entries})."
             )
-        shards = [ReplayShard(it, self.directory / name, n) for it, name, n in entries]
+        shards = [ReplayShard(it, self.directory / name, n, d) for (it, name, n), d in zip(entries, digests)]
         missing = [str(s.path) for s in shards if not s.path.is_file()]
         if missing:
             raise FileNotFoundError(

@@ -15,7 +15,7 @@ from comlrl_lightning.config.checks import (
     is_int,
     is_number,
 )
-from comlrl_lightning.config.secrets import redact_headers
+from comlrl_lightning.config.secrets import redact_secrets
 
 REPLAY_MODE_ALIASES = {
     "current": "current", "latest": "current", "new": "current",
@@ -191,12 +191,11 @@ class _IterativePreferenceOptions:
         check_positive("comparator_api_timeout", self.comparator_api_timeout)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-type dict of every option with the literal API key redacted."""
-        d = asdict(self)
-        if d.get("comparator_api_key"):
+        """Plain-type dict of every option, secrets redacted (:func:`~comlrl_lightning.config.secrets.redact_secrets`;
+        the literal key reads "***")."""
+        d = redact_secrets(asdict(self))
+        if self.comparator_api_key:
             d["comparator_api_key"] = "***"
-        if d.get("comparator_api_headers"):
-            d["comparator_api_headers"] = redact_headers(d["comparator_api_headers"])
         return d
 
     def __repr__(self) -> str:  # never show a literal API key

@@ -56,13 +56,16 @@ class SeedOptions:
 
 
 def check_training_counts(cfg: Any) -> None:
-    """Every integer option of :data:`COUNT_RULES` that ``cfg`` has: ``{name} must be >= {minimum}.``"""
+    """Every integer option of :data:`COUNT_RULES` that ``cfg`` has: ``{name} must be >= {minimum}.``; ``seed``
+    must be an integer (a string or float seed would fail deep inside ``random``/``torch``)."""
     for name, minimum in COUNT_RULES:
         if not hasattr(cfg, name):
             continue
         value = getattr(cfg, name)
         if not is_int(value) or value < minimum:
             raise _bad(f"{name} must be >= {minimum}.", value, f"integers >= {minimum}")
+    if hasattr(cfg, "seed") and not is_int(cfg.seed):
+        raise _bad("seed must be an integer.", cfg.seed, "integers")
 
 
 def check_train_batch_size(cfg: Any) -> None:

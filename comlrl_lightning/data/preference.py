@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from comlrl_lightning.data.tasks import IndexedList, load_task_setup, resolve_callable
+from comlrl_lightning.generation import context_limit, truncate_prompt_ids
 from comlrl_lightning.logprobs import build_scoring_batch
 from comlrl_lightning.preferences import PreferencePair
 
@@ -139,6 +140,11 @@ class PreferenceDataModule(L.LightningDataModule):
         prompt = tok(pair.prompts[agent], add_special_tokens=True)["input_ids"]
         win = tok(pair.winner_completions[agent], add_special_tokens=False)["input_ids"]
         lose = tok(pair.loser_completions[agent], add_special_tokens=False)["input_ids"]
+        # a prompt longer than the tokenizer's limit is cut like at sampling time (generation.truncate_prompt_ids)
+        limit = context_limit(None, tok)
+        if limit is not None:
+            prompt = truncate_prompt_ids(prompt, max(1, limit - max(len(win), len(lose))), f"Prompt of agent {agent}",
+                                         tok.bos_token_id)
         return prompt, win, lose
 
     def collate(self, batch: list[tuple[int, PreferencePair]]) -> dict[str, Any]:

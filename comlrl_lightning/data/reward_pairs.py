@@ -23,6 +23,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
+from comlrl_lightning.files import json_digest
 from comlrl_lightning.preferences import PreferencePair
 from comlrl_lightning.reward_model import (
     check_prompt_part_fits,
@@ -78,6 +79,9 @@ def load_pairs(source: Any) -> list[PreferencePair]:
         else:
             data = json.loads(text)
             records = data["pairs"] if isinstance(data, dict) and "pairs" in data else data
+            if isinstance(data, dict) and "sha256" in data and json_digest(records) != data["sha256"]:
+                raise ValueError(f"Preference pair file {str(path)!r} was modified after it was written: its pairs "
+                                 "do not match the file's sha256 digest.")
         if not isinstance(records, list):
             raise TypeError(f"{str(path)!r} must hold a list of pair records, or a replay file with 'pairs'.")
         source = records

@@ -86,7 +86,7 @@ class ActorCriticModule(TeamModuleBase):
         self.args = args if args is not None else IACConfig()
         if not isinstance(self.args, (IACConfig, MAACConfig)):
             raise TypeError(f"args must be an IACConfig or a MAACConfig; got {type(self.args).__name__}.")
-        self.save_hyperparameters(ignore=["agents", "tokenizer", "critic_model", "critics", "metrics_callback",
+        self.save_redacted_hyperparameters(ignore=["agents", "tokenizer", "critic_model", "critics", "metrics_callback",
                                           "optimizer", "lr_scheduler"])
         self.is_maac = isinstance(self.args, MAACConfig)
         self.method = "MAAC" if self.is_maac else "IAC"

@@ -20,6 +20,7 @@ optimizer step of every agent (and of every critic).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,8 +30,61 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from comlrl_lightning.agents import AgentTeam, build_agents
+from comlrl_lightning.config.secrets import redact_secrets
 from comlrl_lightning.evaluation import evaluate_team
+from comlrl_lightning.files import state_digest
 from comlrl_lightning.generation import SamplingSettings
+
+
+def save_redacted_hyperparameters(module: L.LightningModule, ignore: Sequence[str] = (), frame: Any = None) -> None:
+    """``module.save_hyperparameters(ignore=...)`` of the ``__init__`` arguments seen from ``frame`` (default: the
+    caller's), secrets redacted (:func:`~comlrl_lightning.config.secrets.redact_secrets`): ``hparams.yaml``,
+    loggers and every checkpoint never hold an API key, a header value, a URL query or an extra-body string.
+    Every module of the package saves its hyper-parameters through this function."""
+    if frame is None:
+        current = inspect.currentframe()
+        frame = current.f_back if current is not None else None
+    module.save_hyperparameters(ignore=list(ignore), frame=frame)
+    module.save_hyperparameters(redact_secrets(dict(module.hparams)))
+
+
+CHECKPOINT_DIGEST_KEY = "comlrl_digest"
+
+
+def _sealed_parts(module: L.LightningModule, checkpoint: dict, datamodule_key: str | None) -> dict:
+    """What the checkpoint digest covers: the weights, the callbacks' and the data module's state, our counters."""
+    parts = {k: checkpoint.get(k) for k in ("state_dict", "callbacks", "comlrl_progress")}
+    if datamodule_key is not None:
+        parts["datamodule"] = checkpoint.get(datamodule_key)
+    return parts
+
+
+def seal_checkpoint(module: L.LightningModule, checkpoint: dict) -> None:
+    """Store one sha256 digest per part of :func:`_sealed_parts` under ``checkpoint["comlrl_digest"]`` (called
+    last in ``on_save_checkpoint``, when Lightning has put the weights and every other state into ``checkpoint``)."""
+    trainer = module._trainer
+    dm = getattr(trainer, "datamodule", None) if trainer is not None else None
+    key = type(dm).__qualname__ if dm is not None else None
+    parts = _sealed_parts(module, checkpoint, key)
+    checkpoint[CHECKPOINT_DIGEST_KEY] = {"datamodule_key": key,
+                                         "sha256": {name: state_digest(v) for name, v in parts.items()}}
+
+
+def verify_checkpoint(module: L.LightningModule, checkpoint: dict) -> None:
+    """Raise ``ValueError`` naming the file when the checkpoint no longer matches the digests written with it
+    (flipped tensor bytes, edited state). Checkpoints without digests (written by other code) are accepted."""
+    sealed = checkpoint.get(CHECKPOINT_DIGEST_KEY)
+    if not isinstance(sealed, dict) or not isinstance(sealed.get("sha256"), dict):
+        return
+    parts = _sealed_parts(module, checkpoint, sealed.get("datamodule_key"))
+    bad = [name for name, digest in sealed["sha256"].items() if state_digest(parts.get(name)) != digest]
+    if bad:
+        trainer = module._trainer
+        path = getattr(trainer, "ckpt_path", None) if trainer is not None else None
+        raise ValueError(
+            f"Checkpoint {path or '(given to load_from_checkpoint)'} is corrupt: its {', '.join(bad)} do not match "
+            "the sha256 digest written with it (the file was modified or damaged after saving). Resume from "
+            "another checkpoint.")
 
 
 class TeamModuleBase(L.LightningModule):
@@ -48,6 +102,11 @@ class TeamModuleBase(L.LightningModule):
     """
 
     args: Any
+
+    def save_redacted_hyperparameters(self, ignore: Sequence[str] = ()) -> None:
+        """:func:`save_redacted_hyperparameters` of the caller's ``__init__`` arguments."""
+        frame = inspect.currentframe()
+        save_redacted_hyperparameters(self, ignore, frame.f_back if frame is not None else None)
 
     def init_team(self, agent_model: str | None, agents: Sequence[Any] | None, tokenizer: Any,
                   model_config: dict | None, lora: dict | None, optimizer: OptimizerCallable | None = None,
@@ -153,8 +212,10 @@ class TeamModuleBase(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["comlrl_progress"] = self.progress_state()
+        seal_checkpoint(self, checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        verify_checkpoint(self, checkpoint)
         self.load_progress_state(checkpoint.get("comlrl_progress", {}))
 
     def save_agents(self, output_dir: str) -> list[str]:

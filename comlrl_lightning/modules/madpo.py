@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from comlrl_lightning.config import MADPOConfig, MADPOIterConfig, redact_secrets
+from comlrl_lightning.config import MADPOConfig, MADPOIterConfig
 from comlrl_lightning.logprobs import sequence_logps
 from comlrl_lightning.losses import madpo_loss, madpo_loss_detached_others
 from comlrl_lightning.modules.base import TeamModuleBase
@@ -44,9 +44,7 @@ class MADPOModule(TeamModuleBase):
                  lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__()
         self.args = args if args is not None else MADPOConfig()
-        self.save_hyperparameters(ignore=["agents", "tokenizer", "optimizer", "lr_scheduler"])
-        # a literal API key never reaches a checkpoint or a logger's hparams file
-        self.save_hyperparameters({**self.hparams, "args": redact_secrets(self.args)})
+        self.save_redacted_hyperparameters(ignore=["agents", "tokenizer", "optimizer", "lr_scheduler"])
         self.init_team(agent_model, agents, tokenizer, model_config, lora, optimizer, lr_scheduler)
         self.round_index = 0
         self._accum = 0

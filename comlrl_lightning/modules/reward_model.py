@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from comlrl_lightning.agents import load_model, load_tokenizer, prepare_tokenizer
 from comlrl_lightning.losses import bradley_terry_loss, bradley_terry_stats
+from comlrl_lightning.modules.base import save_redacted_hyperparameters, seal_checkpoint, verify_checkpoint
 from comlrl_lightning.reward_model import (
     RewardModelOptions,
     check_prompt_part_fits,
@@ -95,9 +96,9 @@ class JointRewardModel(L.LightningModule):
                 "head, a LoRA backbone trains its adapter and the head. Drop one of the two."
             )
         if isinstance(source, str):
-            self.save_hyperparameters(ignore=["tokenizer"])
+            save_redacted_hyperparameters(self, ignore=["tokenizer"])
         else:
-            self.save_hyperparameters(ignore=["model", "tokenizer"])
+            save_redacted_hyperparameters(self, ignore=["model", "tokenizer"])
         # Kept in a tuple so that Lightning does not register the pristine object as a submodule.
         self._source: tuple[str | nn.Module] = (source,)
         self._model_config = model_config
@@ -264,6 +265,12 @@ class JointRewardModel(L.LightningModule):
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         return self._pair_step(batch, "val")
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        seal_checkpoint(self, checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        verify_checkpoint(self, checkpoint)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -83,3 +84,44 @@ def test_corrupt_replay_file_on_resume_names_the_file(runs, tiny_model_dir, tmp_
     c = make_trainer(tiny_model_dir, root, args=_args(), num_items=4)
     with pytest.raises(ValueError, match="iteration_0001.json"):
         c.train(ckpt_path=str(runs["ckpt"]))
+
+
+def test_copied_run_checks_its_own_snapshots(runs, tiny_model_dir, tmp_path):
+    """Issue 14, finding 9: snapshot paths are stored relative to the run, so a copy never uses the original's."""
+    state = torch.load(runs["ckpt"], weights_only=False)["callbacks"]["HistoryCheckpoint"]
+    assert str(runs["root"]) not in json.dumps(state)
+    root = tmp_path / "copy"
+    shutil.copytree(runs["root"], root)
+    shutil.rmtree(root / "policy_checkpoints" / "initial")
+    c = make_trainer(tiny_model_dir, root, args=_args(), num_items=4)
+    with pytest.raises(FileNotFoundError, match="HistoryCheckpoint.*" + re.escape(str(root / "policy_checkpoints"))):
+        c.train(ckpt_path=str(root / "ckpt" / runs["ckpt"].name))
+
+
+def test_checkpoint_with_flipped_tensor_bytes_is_refused(runs, tiny_model_dir, tmp_path):
+    """Issue 14, finding 9: a checkpoint whose weights changed after saving is an error naming the file."""
+    import zipfile
+
+    bad = tmp_path / "flipped.ckpt"
+    shutil.copyfile(runs["ckpt"], bad)
+    with zipfile.ZipFile(bad) as zf:
+        info = max((i for i in zf.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    with open(bad, "r+b") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+        at = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0x40]))
+    root = tmp_path / "copy"
+    shutil.copytree(runs["root"], root)
+    c = make_trainer(tiny_model_dir, root, args=_args(), num_items=4)
+    with pytest.raises(ValueError, match=re.escape(str(bad)) + ".*corrupt.*state_dict.*sha256"):
+        c.train(ckpt_path=str(bad))
+    # outside a Trainer too: the intact checkpoint loads, the flipped one does not
+    from comlrl_lightning.modules.madpo import MADPOModule
+
+    MADPOModule.load_from_checkpoint(runs["ckpt"], weights_only=False)
+    with pytest.raises(ValueError, match="corrupt.*state_dict"):
+        MADPOModule.load_from_checkpoint(bad, weights_only=False)

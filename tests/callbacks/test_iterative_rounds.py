@@ -18,6 +18,7 @@ from comlrl_lightning.callbacks import (
     IterativePreferenceCollection,
     ReplaySelection,
 )
+from comlrl_lightning.files import json_digest
 from comlrl_lightning.preferences import PAIR_FIELDS
 
 
@@ -39,7 +40,7 @@ def test_two_rounds_write_round_files_and_log_metrics(tiny_model_dir, tmp_path):
     total = 0
     for i, h in enumerate(hist, start=1):
         data = json.loads((replay / f"iteration_{i:04d}.json").read_text())
-        assert set(data) == {"iteration", "num_pairs", "pairs"}
+        assert set(data) == {"iteration", "num_pairs", "pairs", "sha256"}
         assert data["iteration"] == i and data["num_pairs"] == len(data["pairs"]) == h["round/num_pairs"]
         total += data["num_pairs"]
         for rec_ in data["pairs"]:
@@ -68,7 +69,7 @@ def test_round_with_no_pairs_trains_nothing_and_fit_goes_on(tiny_model_dir, tmp_
     assert [h["round/tie_rate"] for h in tr.collection.history] == [1.0, 1.0]
     for i in (1, 2):
         data = json.loads((tmp_path / "preference_replay" / f"iteration_{i:04d}.json").read_text())
-        assert data == {"iteration": i, "num_pairs": 0, "pairs": []}
+        assert data == {"iteration": i, "num_pairs": 0, "pairs": [], "sha256": json_digest([])}
 
 
 def test_callbacks_in_a_plain_user_trainer(tiny_model_dir, tmp_path):
@@ -134,3 +135,14 @@ def test_iterative_yaml_parses_and_runs(tmp_path, monkeypatch, capsys):
     assert sorted(p.name for p in (out / "preference_replay").glob("iteration_*.json")) == [
         "iteration_0001.json", "iteration_0002.json"]
     assert (out / "policy_checkpoints/iteration_0001/agent_1").is_dir()
+
+
+def test_replay_options_without_replay_selection_are_refused(tiny_model_dir, tmp_path):
+    """Issue 14, finding 10: replay options that nothing would read are an error in setup, not ignored."""
+    args = iter_args(preference_replay_mode="lambda_decay", preference_replay_lambda=0.5,
+                     preference_replay_sample_size=4)
+    module, dm = _plain_parts(tiny_model_dir, tmp_path, args)
+    trainer = L.Trainer(callbacks=[IterativePreferenceCollection()], max_epochs=2, reload_dataloaders_every_n_epochs=1,
+                        **cpu_trainer_kwargs(default_root_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="preference_replay_mode='lambda_decay'.*no ReplaySelection"):
+        trainer.fit(module, datamodule=dm)

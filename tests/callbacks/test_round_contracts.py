@@ -190,6 +190,8 @@ def test_a_yaml_comparator_under_data_is_shared(tmp_path, monkeypatch):
                                                "init_args": {"seed": 3}}
     conf["model"]["init_args"]["args"]["comparator_policy"] = "current"
     del conf["model"]["init_args"]["args"]["comparator_history_k"]
+    for name in ("preference_replay_mode", "preference_replay_lambda", "preference_replay_sample_size"):
+        conf["model"]["init_args"]["args"].pop(name, None)  # no ReplaySelection here: replay options are refused
     cfg.write_text(yaml.safe_dump(conf))
     monkeypatch.chdir(tmp_path)
     INSTANCES.clear()

@@ -280,3 +280,19 @@ def test_hub_id_offline_fails_fast(monkeypatch):
     with pytest.raises(ModelLoadError, match="HF_HUB_OFFLINE"):
         load_model("comlrl-test-nobody/definitely-not-a-model")
     assert connects == []
+
+
+def test_tokenizer_larger_than_the_embedding_is_refused_at_build(tiny_model_dir):
+    """Issue 14, finding 10: a tokenizer with more ids than embedding rows is an error when the agents are built."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.add_special_tokens({"additional_special_tokens": ["<|extra_a|>", "<|extra_b|>"]})
+    rows = model.get_input_embeddings().num_embeddings
+    with pytest.raises(ValueError, match=f"agent 0.*{len(tok)} token ids.*only {rows} rows"):
+        build_agents(agents=[model], tokenizer=tok)
+    # special tokens added through model_config grow the embeddings of the models we load
+    team = build_agents(agent_model=tiny_model_dir, num_agents=1,
+                        model_config={"special_tokens": {"additional_special_tokens": ["<|tool|>"]}})
+    assert team.models[0].get_input_embeddings().num_embeddings == len(team.tokenizers[0])

@@ -360,7 +360,38 @@ def test_secret_headers_are_redacted_in_dumps():
     from comlrl_lightning.config import MADPOIterConfig
 
     cfg = MADPOIterConfig(comparator_policy="api", comparator_api_url="http://127.0.0.1:1/x",
-                          comparator_api_headers={"Authorization": "Bearer sk-secret", "X-Trace": "abc"})
+                          comparator_api_headers={"Authorization": "Bearer sk-secret", "X-Trace": "abc",
+                                                  "Content-Type": "application/json"})
     dumped = cfg.to_dict()["comparator_api_headers"]
-    assert dumped == {"Authorization": "***", "X-Trace": "abc"}
+    # every header value is a secret unless the header is known-safe
+    assert dumped == {"Authorization": "***", "X-Trace": "***", "Content-Type": "application/json"}
     assert "sk-secret" not in repr(cfg)
+
+
+@pytest.mark.parametrize("option, value", [
+    ("agent_learning_rate", 0), ("agent_learning_rate", float("nan")), ("temperature", float("inf")),
+    ("preference_num_candidates", "4"), ("preference_num_candidates", 2.5), ("seed", "abc"), ("seed", 1.5),
+    ("max_new_tokens", "8"), ("num_train_epochs", 2.0),
+])
+def test_bad_numeric_options_are_clear_errors_in_every_family(option, value):
+    """Issue 14, finding 10: wrong types and non-finite values are a ValueError naming the option, never a
+    TypeError from deep inside the run."""
+    from comlrl_lightning.config import (
+        IACConfig,
+        MAACConfig,
+        MADPOConfig,
+        MADPOIterConfig,
+        MAGRPOConfig,
+        MARLHFConfig,
+        MARLHFIterConfig,
+    )
+
+    checked = 0
+    for cls in (MADPOConfig, MADPOIterConfig, MAGRPOConfig, IACConfig, MAACConfig, MARLHFConfig, MARLHFIterConfig):
+        if option not in cls.__dataclass_fields__:
+            continue
+        extra = {"num_generations": 1} if cls in (IACConfig, MAACConfig) else {}
+        with pytest.raises(ValueError, match=option):
+            cls(**{option: value}, **extra)
+        checked += 1
+    assert checked >= 2

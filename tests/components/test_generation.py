@@ -189,3 +189,26 @@ def test_trimming_rules(model_and_tok):
     for ids_row, text_row in zip(s.completion_ids, s.texts):
         for ids, text in zip(ids_row, text_row):
             assert text == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_a_500kb_prompt_is_truncated_with_a_warning(tiny_model_dir):
+    """Issue 14, finding 10: a huge prompt is cut to the model's context (minus max_new_tokens) with a warning,
+    instead of running for minutes."""
+    import time
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from comlrl_lightning.generation import SamplingSettings, SamplingStream, context_limit, sample_completions
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    huge = ("lorem ipsum dolor sit amet " * 20_000)[:500_000] + " Topic: rivers."
+    settings = SamplingSettings(max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=None)
+    start = time.monotonic()
+    with pytest.warns(UserWarning, match="Prompt 1 has .* tokens.*truncated to its last"):
+        s = sample_completions(model, tok, ["Topic: sea.", huge], 2, settings, SamplingStream(0))
+    assert time.monotonic() - start < 60
+    limit = context_limit(model, tok)
+    assert len(s.prompt_ids[1]) == limit - 4
+    assert tok.decode(s.prompt_ids[1]).endswith("Topic: rivers.")  # the end of the prompt is kept
+    assert s.prompt_ids[0] == tok("Topic: sea.")["input_ids"] and len(s.texts[1]) == 2

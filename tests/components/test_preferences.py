@@ -165,13 +165,30 @@ def test_from_json_round_trip():
 
 
 def test_from_json_defaults_and_errors():
-    p = PreferencePair.from_json({"prompts": ["x"], "winner_reward": 1}, num_agents=2)
+    p = PreferencePair.from_json({"prompts": ["x"], "winner_completions": ["w"], "loser_completions": ["l"],
+                                  "winner_reward": 1}, num_agents=2)
     assert p.prompts == ["x", ""]
-    assert p.winner_completions == ["", ""]
+    assert p.winner_completions == ["w", ""]
     assert (p.winner_reward, p.loser_reward, p.candidate_reward_mean) == (1.0, 0.0, 0.0)
     assert p.raw_rewards == [] and p.target_raw_reward is None and p.comparator_raw_reward is None
     with pytest.raises(ValueError, match="must be a dict"):
         PreferencePair.from_json(["not", "a", "dict"])
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda r: r.pop("winner_completions"), "winner_completions"),
+    (lambda r: r.update(loser_completions=[]), "loser_completions"),
+    (lambda r: r.update(prompts=["p0", 3]), "prompts"),
+    (lambda r: r.update(winner_reward="1.0"), "winner_reward"),
+    (lambda r: r.update(loser_reward=float("nan")), "loser_reward"),
+    (lambda r: r.update(raw_rewards=[1.0, None]), "raw_rewards"),
+])
+def test_from_json_refuses_damaged_records(edit, field):
+    """Issue 14, finding 9: a record missing winner_completions (or with bad fields) never trains as empty text."""
+    record = _pair(raw_rewards=[3.0, 1.0]).to_json()
+    edit(record)
+    with pytest.raises(ValueError, match=f"'{field}'"):
+        PreferencePair.from_json(record, num_agents=2)
 
 
 # --- building offline pairs from samples --------------------------------------------------------------------

@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 import torch
 
+from comlrl_lightning.files import json_digest
 from comlrl_lightning.replay import (
     REPLAY_MODES,
     ReplayShard,
@@ -248,10 +249,10 @@ def test_file_format(tmp_path):
     assert "Grüße, 世界 ✓" in raw  # ensure_ascii=False
     assert "\n" not in raw and ", " not in raw.replace("Grüße, 世界", "") and '": ' not in raw  # compact
     data = json.loads(raw)
-    assert list(data) == ["iteration", "num_pairs", "pairs"]
-    assert data == {"iteration": 1, "num_pairs": 1, "pairs": [pair]}
+    assert list(data) == ["iteration", "num_pairs", "pairs", "sha256"]
+    assert data == {"iteration": 1, "num_pairs": 1, "pairs": [pair], "sha256": json_digest([pair])}
     assert store.write_round(12, []).name == "iteration_0012.json"
-    assert store.shards == (ReplayShard(1, path, 1),)
+    assert store.shards == (ReplayShard(1, path, 1, json_digest([pair])),)
 
 
 def test_atomic_write_leaves_no_temp_file(tmp_path):
@@ -279,6 +280,7 @@ def test_empty_round_is_not_a_shard_and_does_not_age(tmp_path):
         "iteration": 2,
         "num_pairs": 0,
         "pairs": [],
+        "sha256": json_digest([]),
     }
     assert [(s.iteration, s.num_pairs) for s in store.shards] == [(1, 3), (3, 2)]
     assert store.total_pairs == 5
@@ -302,10 +304,13 @@ def test_load_shard_missing_and_corrupt(tmp_path):
     path.write_text("[]", encoding="utf-8")
     with pytest.raises(ValueError, match=named + ".*expected an object"):
         store.load_shard(shard)
-    path.write_text(json.dumps({"iteration": 1, "num_pairs": 3, "pairs": rounds(2)[0]}), encoding="utf-8")
+    digest = json_digest(rounds(2)[0])
+    path.write_text(json.dumps({"iteration": 1, "num_pairs": 3, "pairs": rounds(2)[0], "sha256": digest}),
+                    encoding="utf-8")
     with pytest.raises(ValueError, match=named + ".*num_pairs=3"):
         store.load_shard(shard)
-    path.write_text(json.dumps({"iteration": 1, "num_pairs": 2, "pairs": [1, 2]}), encoding="utf-8")
+    path.write_text(json.dumps({"iteration": 1, "num_pairs": 2, "pairs": [1, 2], "sha256": digest}),
+                    encoding="utf-8")
     with pytest.raises(ValueError, match=named + ".*list of objects"):
         store.load_shard(shard)
     path.unlink()
@@ -431,3 +436,31 @@ def test_load_state_with_missing_files(tmp_path):
     assert other.shards == ()
     with pytest.raises(ValueError, match="not a ReplayStore state_dict"):
         other.load_state_dict({"shards": []})
+
+
+def test_edited_round_file_is_refused_naming_it(tmp_path):
+    """Issue 14, finding 9: a round file edited after it was written is never used silently."""
+    store = ReplayStore(tmp_path)
+    path = store.write_round(1, rounds(2)[0])
+    shard = store.shards[0]
+    named = re.escape(str(path))
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["pairs"][0]["winner_completions"][0] = "an edited answer"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ValueError, match=named + ".*modified.*in the file"):
+        store.load_shard(shard)
+    # a consistent rewrite (digest recomputed) still disagrees with the digest the index recorded
+    data["sha256"] = json_digest(data["pairs"])
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ValueError, match=named + ".*modified.*replay index"):
+        store.load_shard(shard)
+    # ... also after a resume: the digest travels in the state
+    restored = ReplayStore(tmp_path)
+    restored.load_state_dict(store.state_dict())
+    with pytest.raises(ValueError, match=named + ".*replay index"):
+        restored.load_shard(restored.shards[0])
+    # a file without a digest is refused too
+    del data["sha256"]
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(ValueError, match=named + ".*sha256"):
+        store.load_shard(shard)
