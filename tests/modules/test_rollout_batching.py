@@ -122,3 +122,24 @@ def test_single_turn_evaluation_and_preference_collection_make_one_call_per_agen
     collect_offline_pairs(tr.team, ITEMS, dm.formatters, dm.oracle, settings, 2, "reward_gap", None, random.Random(0),
                           [SamplingStream(1), SamplingStream(2)], chunk_size=3, progress=False)
     assert calls == [[3, 1], [3, 1]]
+
+
+@pytest.mark.parametrize("maac", [False, True])
+def test_actor_critic_episodes_of_a_batch_share_each_turn_call(tiny_model_dir, maac):
+    from comlrl_lightning.config_ac import IACConfig, MAACConfig
+    from comlrl_lightning.modules.actor_critic import ActorCriticModule
+    from comlrl_lightning.rewards import RewardOracle
+
+    small = {"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0, "num_turns": 2, "eval_interval": 0}
+    args = MAACConfig(**small) if maac else IACConfig(use_separate_critic=False, **small)
+    m = ActorCriticModule(agent_model=tiny_model_dir, args=args)
+    m.bind_task(FORMATTERS, RewardOracle(cooperative_reward), plain_transition)
+    calls = count_generate(m.team)
+    episodes = m.collect_batch(list(enumerate(ITEMS[:3])))
+    assert calls == [[3, 3], [3, 3]]  # per agent one call per turn covering the 3 episodes
+    assert [len(e) for e in episodes] == [2 * 2] * 3
+    assert [{s.item for s in e} for e in episodes] == [{0}, {1}, {2}]
+    for c in calls:
+        c.clear()
+    out = m.evaluate_turns(ITEMS)
+    assert calls == [[4, 4], [4, 4]] and "eval/turn_2/reward_mean" in out
