@@ -41,7 +41,7 @@ from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss, td_advantages, value_loss
 from comlrl_lightning.modules.base import TeamModuleBase
-from comlrl_lightning.multiturn.episodes import EpisodeSample, first_prompt, run_episode, turn_rewards, turn_summary
+from comlrl_lightning.multiturn.episodes import EpisodeSample, first_prompt, run_episodes, turn_rewards, turn_summary
 from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
 from comlrl_lightning.nets.critics import build_critics, joint_critic_text, right_pad
 from comlrl_lightning.tiny import TINY_MODEL_NAME
@@ -212,6 +212,12 @@ class ActorCriticModule(TeamModuleBase):
                 ) -> list[EpisodeSample]:
         """Roll out one task item (one episode); returns every sample, with TD targets set.
         ``oracle`` overrides the bound task oracle for this rollout (training uses ``train_oracle``)."""
+        return self.collect_batch([(item_index, item)], num_generations, oracle)[0]
+
+    def collect_batch(self, entries: Sequence[tuple[Any, dict]], num_generations: int | None = None,
+                      oracle: Any = None) -> list[list[EpisodeSample]]:
+        """Roll out the episodes of ``(item_index, item)`` entries in lockstep: per turn one batched
+        ``generate`` per agent over every running episode; returns per entry its samples (as :meth:`collect`)."""
         if self.formatters is None or self.oracle is None:
             raise RuntimeError("No task bound: call bind_task(formatters, oracle, transition) or fit with a "
                                "TaskDataModule.")
@@ -219,30 +225,34 @@ class ActorCriticModule(TeamModuleBase):
         k = a.num_generations if num_generations is None else num_generations
         oracle = self.oracle if oracle is None else oracle
         settings = self.sampling_settings()
-        where = f"task item {item_index}"
+        where = [f"task item {index}" for index, _ in entries]
         tok0 = self.team.tokenizers[0]
 
-        def sample(j: int, t: int, prompt: str):
+        def sample(j: int, t: int, prompts: list[str]):
             with self.team.activate(j) as model:
-                out = sample_completions(model, self.team.tokenizers[j], [prompt], k, settings, self.streams[j])
-            return out.prompt_ids[0], out.completion_ids[0], out.texts[0]
+                out = sample_completions(model, self.team.tokenizers[j], prompts, k, settings, self.streams[j])
+            return list(zip(out.prompt_ids, out.completion_ids, out.texts))
 
-        def transition(previous: list[str], p_hist: list, r_hist: list, t: int) -> list[str]:
+        def transition(e: int, previous: list[str], p_hist: list, r_hist: list, t: int) -> list[str]:
+            index, item = entries[e]
             external = call_transition(self.external_transition, item.get("prompt", ""), previous, n, p_hist, r_hist,
-                                       turn=t, branch=item_index)
+                                       turn=t, branch=index)
             return next_prompts(external, item, self.formatters, a.external_prompt_passthrough)
+
+        def reward(e: int, prompts: list[str], texts: list[list[str]], t: int):
+            return turn_rewards(oracle, prompts, texts, entries[e][1], f"{where[e]}, turn {t + 1}", n, k, self.method)
 
         def critic_ids(prompts: list[str], acts: list[str]) -> list[int]:  # MAAC: the joint critic input
             return tok0(joint_critic_text(prompts, acts if a.critic_type == "q" else None),
                         truncation=True)["input_ids"]
 
-        return run_episode(
-            n, k, a.num_turns, [first_prompt(self.formatters[j], item, j, where) for j in range(n)], sample,
-            reward=lambda p, x, t: turn_rewards(oracle, p, x, item, f"{where}, turn {t + 1}", n, k, self.method),
-            values=lambda turn: self._turn_values(turn), discount=a.discount, transition=transition,
+        return run_episodes(
+            n, k, a.num_turns, [[first_prompt(self.formatters[j], item, j, where[e]) for j in range(n)]
+                                for e, (_, item) in enumerate(entries)], sample,
+            reward=reward, values=lambda turn: self._turn_values(turn), discount=a.discount, transition=transition,
             kls=(lambda turn: self._turn_kls(turn)) if self.reference is not None else None,
             kl_coef=a.reference_kl_coef, critic_ids=critic_ids if self.is_maac else None,
-            early_termination_threshold=a.early_termination_threshold, item=item_index)
+            early_termination_threshold=a.early_termination_threshold, items=[index for index, _ in entries])
 
     def _kl_coef(self) -> float | None:
         return self.args.reference_kl_coef if self.reference is not None else None
@@ -266,9 +276,9 @@ class ActorCriticModule(TeamModuleBase):
         self.streams = [SamplingStream(seed + 7919 * i) for i in range(self.team.num_agents)]
         per_turn: dict[int, list[EpisodeSample]] = {}
         try:
-            for k, item in enumerate(items):
-                for s in self.collect(item, f"eval {k}", num_generations=1):
-                    per_turn.setdefault(s.turn + 1, []).append(s)
+            episodes = self.collect_batch([(f"eval {k}", item) for k, item in enumerate(items)], num_generations=1)
+            for s in (s for episode in episodes for s in episode):
+                per_turn.setdefault(s.turn + 1, []).append(s)
         finally:
             self.streams = saved
         out: dict[str, float] = {}
@@ -282,9 +292,8 @@ class ActorCriticModule(TeamModuleBase):
     def training_step(self, batch: Any, batch_idx: int) -> None:
         items = batch if isinstance(batch, list) else [batch]
         n = self.team.num_agents
-        for entry in items:
-            index, item = entry if isinstance(entry, tuple) else (batch_idx, entry)
-            rollouts = self.collect(item, index, oracle=self.train_oracle)
+        entries = [entry if isinstance(entry, tuple) else (batch_idx, entry) for entry in items]
+        for rollouts in self.collect_batch(entries, oracle=self.train_oracle):
             self.last_rollouts = rollouts
             self.env_step += len(rollouts) // n
             for s in rollouts:

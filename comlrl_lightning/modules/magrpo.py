@@ -1,10 +1,11 @@
 """MAGRPOModule: multi-agent GRPO and its REINFORCE-family variants over multi-turn rollout trees.
 
-One training step = one task item = one rollout tree (docs/multiturn.md §2.1-2.7, built by
-:func:`comlrl_lightning.multiturn.tree.build_tree`). The tree's node samples enter per-agent buffers in
-env-step order; an agent whose buffer holds ``rollout_buffer_size`` samples is drained: its samples are
-split by turn, shuffled, cut into minibatches of ``train_batch_size`` node samples, one AdamW step each
-(docs/multiturn.md §2.9). Remaining samples are flushed at the last step of every epoch.
+One training step = one batch of task items (one item with the TaskDataModule) = one rollout tree per item
+(docs/multiturn.md §2.1-2.7, built by :func:`comlrl_lightning.multiturn.tree.build_trees`: one batched ``generate``
+per agent per tree level, covering every node of the level in every tree of the batch). The node samples enter
+per-agent buffers item by item, in env-step order; an agent whose buffer holds ``rollout_buffer_size`` samples
+is drained: its samples are split by turn, shuffled, cut into minibatches of ``train_batch_size`` node samples,
+one AdamW step each (docs/multiturn.md §2.9). Remaining samples are flushed at the last step of every epoch.
 
 Loss of one node sample (K completions y_k of prompt x, advantages Â_k; docs/multiturn.md §2.8):
 ``L = (1/K') Σ_k −Â_k Σ_t log π(y_kt | x, y_k,<t)`` over the completion tokens up to and including the
@@ -35,13 +36,13 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from comlrl_lightning.config import MAGRPOConfig
 from comlrl_lightning.data.tasks import format_prompts
 from comlrl_lightning.evaluation import with_turn_mean
-from comlrl_lightning.generation import SamplingStream, sample_completions
+from comlrl_lightning.generation import Samples, SamplingStream, sample_completions
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss
 from comlrl_lightning.modules.base import TeamModuleBase
 from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
-from comlrl_lightning.multiturn.tree import AgentDraw, NodeSample, build_tree, node_samples
+from comlrl_lightning.multiturn.tree import AgentDraw, NodeSample, build_trees, node_samples
 from comlrl_lightning.reference import ReferencePolicies, sequence_kl
 from comlrl_lightning.tiny import TINY_MODEL_NAME
 
@@ -97,60 +98,97 @@ class MAGRPOModule(TeamModuleBase):
         check_transition(self.args, getattr(dm, "external_transition", None), self.algorithm_name)
 
     # --- rollout -------------------------------------------------------------------------------------------
-    def _sample(self, agent: int, prompt: str, prompt_used: str) -> AgentDraw:
+    #: Benchmark-only switch (benchmarks/rollouts.py): sample node by node, one generate call per agent per node,
+    #: instead of one call per agent per tree level.
+    per_node_sampling: bool = False
+
+    def _sample_level(self, agent: int, prompts: Sequence[tuple[str, str]]) -> list[AgentDraw]:
+        """K completions for every (prompt, prompt_used) of a level: one batched ``generate`` per agent."""
         k = self.args.num_generations
         tok = self.team.tokenizers[agent]
+        settings = self.sampling_settings()
+        texts = [p for p, _ in prompts]
         with self.team.activate(agent) as model:
-            s = sample_completions(model, tok, [prompt], k, self.sampling_settings(), self.streams[agent])
-        draw = AgentDraw(prompt, prompt_used, s.prompt_ids[0], s.completion_ids[0], s.texts[0])
+            if self.per_node_sampling:
+                parts = [sample_completions(model, tok, [p], k, settings, self.streams[agent]) for p in texts]
+                s = Samples([x for p in parts for x in p.prompt_ids], [x for p in parts for x in p.completion_ids],
+                            [x for p in parts for x in p.texts])
+            else:
+                s = sample_completions(model, tok, texts, k, settings, self.streams[agent])
+        draws = [AgentDraw(p, u, s.prompt_ids[i], s.completion_ids[i], s.texts[i]) for i, (p, u) in enumerate(prompts)]
         if self.reference is not None:
-            draw.kls = self._sequence_kls(agent, draw)
-        return draw
+            for d, kls in zip(draws, self._sequence_kls(agent, draws)):
+                d.kls = kls
+        return draws
 
     @torch.no_grad()
-    def _sequence_kls(self, agent: int, draw: AgentDraw) -> list[float]:
-        """k3 KL of each completion against the frozen reference, at generation time (docs/multiturn.md §9)."""
-        k = len(draw.completion_ids)
-        batch = completion_batch([draw.prompt_ids] * k, draw.completion_ids, self.team.tokenizers[agent])
-        batch = {key: v.to(self.device) for key, v in batch.items()}
-        with self.team.activate(agent) as model:
-            was_training = model.training
-            model.eval()
-            try:
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                               use_cache=False).logits
-            finally:
-                model.train(was_training)
-        policy = token_logps(logits, batch["input_ids"])
-        ref = self.reference.token_logps(agent, batch)
-        return sequence_kl(policy, ref, batch["score_mask"]).tolist()
+    def _sequence_kls(self, agent: int, draws: Sequence[AgentDraw], max_rows: int = 256) -> list[list[float]]:
+        """k3 KL of each completion of each draw against the frozen reference, at generation time
+        (docs/multiturn.md §9); batched over the draws' rows, ``max_rows`` per forward."""
+        prompts = [d.prompt_ids for d in draws for _ in d.completion_ids]
+        comps = [c for d in draws for c in d.completion_ids]
+        flat: list[float] = []
+        for start in range(0, len(comps), max_rows):
+            batch = completion_batch(prompts[start:start + max_rows], comps[start:start + max_rows],
+                                     self.team.tokenizers[agent])
+            batch = {key: v.to(self.device) for key, v in batch.items()}
+            with self.team.activate(agent) as model:
+                was_training = model.training
+                model.eval()
+                try:
+                    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                   use_cache=False).logits
+                finally:
+                    model.train(was_training)
+            policy = token_logps(logits, batch["input_ids"])
+            ref = self.reference.token_logps(agent, batch)
+            flat += sequence_kl(policy, ref, batch["score_mask"]).tolist()
+        out, row = [], 0
+        for d in draws:
+            out.append(flat[row:row + len(d.completion_ids)])
+            row += len(d.completion_ids)
+        return out
 
     def rollout(self, item: dict, index: Any, formatters: Sequence, oracle: Any, transition: Any = None,
                 prompt_field: str = "prompt"):
         """Build the tree of one item; returns (root, node samples) and advances ``env_step``."""
+        return self.rollout_batch([(index, item)], formatters, oracle, transition, prompt_field)[0]
+
+    def rollout_batch(self, entries: Sequence[tuple[Any, dict]], formatters: Sequence, oracle: Any,
+                      transition: Any = None, prompt_field: str = "prompt") -> list[tuple[Any, list[NodeSample]]]:
+        """Build the trees of ``(index, item)`` entries together, level by level (one ``generate`` per agent per
+        level covering every node of every tree); returns per item (root, node samples) and advances
+        ``env_step`` (item after item, as if the trees were built one by one)."""
         a = self.args
         n = self.team.num_agents
-        turn0 = [p[0] for p in format_prompts([item], formatters, offset=index if isinstance(index, int) else 0,
-                                             prompt_field=prompt_field)]
+        items = [item for _, item in entries]
+        roots = []
+        for index, item in entries:
+            turn0 = [p[0] for p in format_prompts([item], formatters, offset=index if isinstance(index, int) else 0,
+                                                 prompt_field=prompt_field)]
+            roots.append([(p, p) for p in turn0])
 
-        def reward(prompts, texts, turn, path):
-            processed, _ = oracle.score(prompts, texts, item, f"{index} (turn {turn + 1}, branch {list(path)})")
+        def reward(tree, prompts, texts, turn, path):
+            processed, _ = oracle.score(prompts, texts, items[tree],
+                                        f"{entries[tree][0]} (turn {turn + 1}, branch {list(path)})")
             return processed
 
-        def step(texts, p_hist, r_hist, turn, path):
+        def step(tree, texts, p_hist, r_hist, turn, path):
+            item = items[tree]
             ext = call_transition(transition, item.get(prompt_field, ""), texts, n, p_hist, r_hist,
                                   turn=turn, branch=list(path))
             formatted = next_prompts(ext, item, formatters, a.external_prompt_passthrough, prompt_field)
             return list(zip(formatted, ext))
 
-        root, self.env_step = build_tree(
-            n, a.num_generations, a.num_turns, a.joint_mode, [(p, p) for p in turn0],
-            sample=lambda agent, turn, prompt, used: self._sample(agent, prompt, used),
+        trees, self.env_step = build_trees(
+            n, a.num_generations, a.num_turns, a.joint_mode, roots,
+            sample_level=lambda agent, turn, prompts: self._sample_level(agent, prompts),
             reward=reward, transition=step if transition is not None else None,
             early_termination_threshold=a.early_termination_threshold, env_step=self.env_step,
         )
         coef = a.reference_kl_coef if a.reference_kl_enabled else 0.0
-        return root, node_samples(root, n, a.num_generations, a.advantage_mode, a.advantage_normalization, coef)
+        return [(root, node_samples(root, n, a.num_generations, a.advantage_mode, a.advantage_normalization, coef))
+                for root in trees]
 
     def evaluate(self, items: Sequence[dict], task: Any, seed: int = 12345, samples_per_item: int = 1) -> dict:
         """Single turn: the base's evaluation. Multi-turn: :meth:`evaluate_turns` with the task's formatters,
@@ -176,32 +214,37 @@ class MAGRPOModule(TeamModuleBase):
         n, turns = self.team.num_agents, self.args.num_turns
         streams = [SamplingStream(seed + 7919 * i) for i in range(n)]
         settings = self.sampling_settings()
-        rewards = [[] for _ in range(turns)]  # per turn, one entry per (item, sample) path
+        # one path per (item, sample), item-major; every turn samples all paths in one call per agent
+        paths, firsts = [], []
         for index, item in enumerate(items):
             first = [p[0] for p in format_prompts([item], formatters, offset=index, prompt_field=prompt_field)]
-            paths = [[(p, p) for p in first] for _ in range(samples_per_item)]
-            p_hist = [[[] for _ in range(n)] for _ in range(samples_per_item)]
-            r_hist = [[[] for _ in range(n)] for _ in range(samples_per_item)]
-            for t in range(turns):
-                texts = []
+            firsts.append(first)
+            paths += [(index, j) for j in range(samples_per_item)]
+        prompts = [[(p, p) for p in firsts[i]] for i, _ in paths]
+        p_hist = [[[] for _ in range(n)] for _ in paths]
+        r_hist = [[[] for _ in range(n)] for _ in paths]
+        rewards = [[] for _ in range(turns)]  # per turn, one entry per (item, sample) path
+        for t in range(turns):
+            texts = []
+            for a in range(n):
+                with self.team.activate(a) as model:
+                    s = sample_completions(model, self.team.tokenizers[a], [pr[a][0] for pr in prompts], 1,
+                                           settings, streams[a])
+                texts.append([row[0] for row in s.texts])
+            for p, (index, j) in enumerate(paths):
+                item = items[index]
+                joint = [texts[a][p] for a in range(n)]
+                r, _ = oracle.score([firsts[index][0]], joint, item, f"eval {index} (turn {t + 1})")
+                rewards[t].append(r)
                 for a in range(n):
-                    with self.team.activate(a) as model:
-                        s = sample_completions(model, self.team.tokenizers[a], [paths[j][a][0] for j in range(
-                            samples_per_item)], 1, settings, streams[a])
-                    texts.append([s.texts[j][0] for j in range(samples_per_item)])
-                for j in range(samples_per_item):
-                    joint = [texts[a][j] for a in range(n)]
-                    r, _ = oracle.score([first[0]], joint, item, f"eval {index} (turn {t + 1})")
-                    rewards[t].append(r)
-                    for a in range(n):
-                        p_hist[j][a].append(paths[j][a][1])
-                        r_hist[j][a].append(joint[a])
-                    if t < turns - 1:
-                        ext = call_transition(transition, item.get(prompt_field, ""), joint, n, p_hist[j], r_hist[j],
-                                              turn=t, branch=f"eval sample {j}")
-                        formatted = next_prompts(ext, item, formatters, self.args.external_prompt_passthrough,
-                                                 prompt_field)
-                        paths[j] = list(zip(formatted, ext))
+                    p_hist[p][a].append(prompts[p][a][1])
+                    r_hist[p][a].append(joint[a])
+                if t < turns - 1:
+                    ext = call_transition(transition, item.get(prompt_field, ""), joint, n, p_hist[p], r_hist[p],
+                                          turn=t, branch=f"eval sample {j}")
+                    formatted = next_prompts(ext, item, formatters, self.args.external_prompt_passthrough,
+                                             prompt_field)
+                    prompts[p] = list(zip(formatted, ext))
         out = {}
         for t in range(turns):
             out[f"eval/turn_{t + 1}/reward_mean"] = _mean(rewards[t])
@@ -214,9 +257,9 @@ class MAGRPOModule(TeamModuleBase):
         dm = self.trainer.datamodule
         oracle = self.training_oracle(dm)
         losses = []
-        for index, item in batch:
-            _, samples = self.rollout(item, index, dm.formatters, oracle, getattr(dm, "external_transition", None),
-                                      getattr(dm, "prompt_field", "prompt"))
+        trees = self.rollout_batch(batch, dm.formatters, oracle, getattr(dm, "external_transition", None),
+                                   getattr(dm, "prompt_field", "prompt"))
+        for _, samples in trees:
             # docs/multiturn.md §2.9: group by node env_step (pre-order), agents in index order; drain ready agents per
             # group.
             for _, group in itertools.groupby(samples, key=lambda s: s.env_step):

@@ -14,7 +14,8 @@ numbers into training records:
 
 :func:`run_episode` drives one episode with injected ``sample``/``reward``/``transition``/``values``
 callables (as :func:`comlrl_lightning.multiturn.tree.build_tree` does for MAGRPO), so turn order, early
-termination and targets can be tested without a model.
+termination and targets can be tested without a model; :func:`run_episodes` drives the episodes of a batch in
+lockstep, so each turn is one batched sampling call per agent.
 
 The advantage of a sample is ``A = y − V_old`` (:func:`comlrl_lightning.losses.td_advantages`), computed
 when its agent's buffer is drained. No Lightning import: everything here is testable with plain numbers.
@@ -206,37 +207,91 @@ def run_episode(
     episode stops after the horizon or once the turn's mean reward exceeds ``early_termination_threshold``.
     Histories hold each agent's prompts and first completions.
     """
+    return run_episodes(
+        num_agents, num_generations, num_turns, [prompts],
+        lambda agent, t, level: [sample(agent, t, p) for p in level],
+        lambda _e, p, x, t: reward(p, x, t), values, discount,
+        None if transition is None else (lambda _e, *args: transition(*args)),
+        kls, kl_coef, critic_ids, early_termination_threshold, [item])[0]
+
+
+def run_episodes(
+    num_agents: int,
+    num_generations: int,
+    num_turns: int,
+    prompts: Sequence[list[str]],
+    sample_level: Callable[[int, int, list[str]], list[tuple[list[int], list[list[int]], list[str]]]],
+    reward: Callable[[int, list[str], list[list[str]], int], tuple[list[list[float]], float]],
+    values: Callable[[list[list[EpisodeSample]]], list[list[float]]],
+    discount: float,
+    transition: Callable[[int, list[str], list[list[str]], list[list[str]], int], list[str]] | None = None,
+    kls: Callable[[list[list[EpisodeSample]]], list[list[float]]] | None = None,
+    kl_coef: float = 0.0,
+    critic_ids: Callable[[list[str], list[str]], list[int]] | None = None,
+    early_termination_threshold: float | None = None,
+    items: Sequence[Any] | None = None,
+) -> list[list[EpisodeSample]]:
+    """Roll out several episodes in lockstep; per episode, its samples as :func:`run_episode` returns them.
+
+    Each turn, the prompts of every episode still running are sampled by one ``sample_level(agent, t,
+    prompts)`` call per agent (one ``(prompt_ids, K completion_ids, K texts)`` per prompt, in order), and
+    ``values``/``kls`` are called once on the turn's samples of all those episodes (``[agent][episode-major
+    generation]``); rewards, transitions (``reward(e, ...)``, ``transition(e, ...)``: ``e`` indexes
+    ``prompts``), early termination, targets and returns stay per episode.
+    """
     n, k = num_agents, num_generations
-    p_hist: list[list[str]] = [[] for _ in range(n)]
-    r_hist: list[list[str]] = [[] for _ in range(n)]
-    turns: list[list[list[EpisodeSample]]] = []  # [turn][agent][generation]
+    items = list(range(len(prompts))) if items is None else list(items)
+    current = [list(p) for p in prompts]
+    p_hist = [[[] for _ in range(n)] for _ in prompts]
+    r_hist = [[[] for _ in range(n)] for _ in prompts]
+    turns: list[list[list[list[EpisodeSample]]]] = [[] for _ in prompts]  # [episode][turn][agent][generation]
+    running = list(range(len(prompts)))
     for t in range(num_turns):
+        if not running:
+            break
         if t > 0:
             if transition is None:
                 raise ValueError(f"A {num_turns}-turn episode needs a transition for turn {t + 1}.")
-            prompts = transition([h[-1] for h in r_hist], p_hist, r_hist, t - 1)
-        turn: list[list[EpisodeSample]] = []
-        texts: list[list[str]] = []
+            for e in running:
+                current[e] = transition(e, [h[-1] for h in r_hist[e]], p_hist[e], r_hist[e], t - 1)
+        for e in running:
+            for j in range(n):
+                p_hist[e][j].append(current[e][j])
+        draws = []
         for j in range(n):
-            p_hist[j].append(prompts[j])
-            prompt_ids, completion_ids, agent_texts = sample(j, t, prompts[j])
-            texts.append(list(agent_texts))
-            turn.append([EpisodeSample(j, t, g, item, prompt_ids, completion_ids[g], len(agent_texts[g]))
-                         for g in range(k)])
-        rewards, mean_reward = reward(prompts, texts, t)
+            out = list(sample_level(j, t, [current[e][j] for e in running]))
+            if len(out) != len(running):
+                raise ValueError(f"sample_level returned {len(out)} draws for agent {j}; expected {len(running)}.")
+            draws.append(out)
+        level: list[list[list[EpisodeSample]]] = []  # [running episode][agent][generation]
+        texts: list[list[list[str]]] = []
+        for i, e in enumerate(running):
+            turn = [[EpisodeSample(j, t, g, items[e], draws[j][i][0], draws[j][i][1][g], len(draws[j][i][2][g]))
+                     for g in range(k)] for j in range(n)]
+            level.append(turn)
+            texts.append([list(draws[j][i][2]) for j in range(n)])
+        rewards = [reward(e, current[e], texts[i], t) for i, e in enumerate(running)]
         if critic_ids is not None:
-            for g in range(k):
-                ids = critic_ids(prompts, [texts[j][g] for j in range(n)])
-                for j in range(n):
-                    turn[j][g].critic_ids = ids
-        turn_values = values(turn)
-        score_turn(turn, rewards, turn_values, kls(turn) if kls is not None else None, kl_coef)
-        for j in range(n):
-            r_hist[j].append(texts[j][0])
-        turns.append(turn)
-        if early_termination_threshold is not None and mean_reward > early_termination_threshold:
-            break
-    return finish_episode(turns, discount)
+            for i, e in enumerate(running):
+                for g in range(k):
+                    ids = critic_ids(current[e], [texts[i][j][g] for j in range(n)])
+                    for j in range(n):
+                        level[i][j][g].critic_ids = ids
+        flat = [[s for turn in level for s in turn[j]] for j in range(n)]  # one critic / KL pass for the level
+        level_values = values(flat)
+        level_kls = kls(flat) if kls is not None else None
+        still = []
+        for i, e in enumerate(running):
+            part = slice(i * k, (i + 1) * k)
+            score_turn(level[i], rewards[i][0], [list(v[part]) for v in level_values],
+                       None if level_kls is None else [list(v[part]) for v in level_kls], kl_coef)
+            for j in range(n):
+                r_hist[e][j].append(texts[i][j][0])
+            turns[e].append(level[i])
+            if early_termination_threshold is None or not rewards[i][1] > early_termination_threshold:
+                still.append(e)
+        running = still
+    return [finish_episode(ep, discount) for ep in turns]
 
 
 def turn_summary(samples: Sequence[EpisodeSample], kl_coef: float | None) -> dict[str, float]:

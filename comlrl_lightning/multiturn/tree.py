@@ -1,6 +1,6 @@
 """The multi-turn MAGRPO rollout tree of one task item (docs/multiturn.md §2.2-2.7).
 
-Each node samples K = ``num_generations`` completions per agent (one ``sample`` call per agent per node),
+Each node samples K = ``num_generations`` completions per agent,
 forms B joint actions (aligned: B = K, joint action j = the j-th completion of every agent; cross: B = K^N,
 every index tuple in lexicographic order), scores each joint action with ``reward`` (one call each), and,
 unless it is at the last turn or early-terminated, expands one child per joint action through the external
@@ -12,10 +12,14 @@ Per agent, the return vector over its own K completions is R itself (aligned) or
 Reference KL shapes that vector at its own node only: G'_k = G_k − β·KL_k (docs/multiturn.md §2.7, §9); then the
 baseline and normalisation over the K siblings (:func:`comlrl_lightning.losses.group_advantages`).
 
-The builder is model-free: ``sample``, ``reward`` and ``transition`` are injected callables, so tree shapes
-and call counts can be tested without a model. Call counts per item without early termination (docs/multiturn.md §2.3):
-``sample`` N·Σ_{t<T} B^t, ``reward`` Σ_{t<T} B^{t+1}, ``transition`` Σ_{t<T-1} B^{t+1}, env_step
-advance Σ_{t<T} B^{t+1}.
+The trees are built level by level (:func:`build_trees`): all nodes of one turn, across every item of a
+batch, are sampled by one ``sample_level`` call per agent, so a model generates a whole level in one batched
+call; env_step numbers and returns are those of the depth-first pre-order construction.
+
+The builder is model-free: ``sample_level`` (or a per-node ``sample``), ``reward`` and ``transition`` are
+injected callables, so tree shapes and call counts can be tested without a model. Call counts per item
+without early termination (docs/multiturn.md §2.3): draws N·Σ_{t<T} B^t (``sample_level`` N·T calls for a
+batch), ``reward`` Σ_{t<T} B^{t+1}, ``transition`` Σ_{t<T-1} B^{t+1}, env_step advance Σ_{t<T} B^{t+1}.
 """
 
 from __future__ import annotations
@@ -95,7 +99,10 @@ class NodeSample:
 
 
 SampleFn = Callable[[int, int, str, str], AgentDraw]
-"""``sample(agent, turn, prompt, prompt_used) -> AgentDraw`` with K completions (one generate call)."""
+"""``sample(agent, turn, prompt, prompt_used) -> AgentDraw`` with K completions (one node)."""
+LevelSampleFn = Callable[[int, int, list[tuple[str, str]]], list[AgentDraw]]
+"""``sample_level(agent, turn, [(prompt, prompt_used), ...]) -> [AgentDraw, ...]``: one draw of K completions per
+node of a level, in order (one batched generate call)."""
 RewardFn = Callable[[list[str], list[str], int, tuple[int, ...]], float]
 """``reward(prompts, joint_texts, turn, path) -> float``: the processed, checked joint reward."""
 TransitionFn = Callable[[list[str], list[list[str]], list[list[str]], int, tuple], list[tuple[str, str]]]
@@ -119,56 +126,122 @@ def build_tree(
     num_turns: int,
     joint_mode: str,
     root_prompts: Sequence[tuple[str, str]],
-    sample: SampleFn,
+    sample: SampleFn | None,
     reward: RewardFn,
     transition: TransitionFn | None,
     early_termination_threshold: float | None = None,
     env_step: int = 0,
+    sample_level: LevelSampleFn | None = None,
 ) -> tuple[Node, int]:
-    """Build the rollout tree of one item, depth-first pre-order; returns (root, new env_step).
+    """Build the rollout tree of one item; returns (root, new env_step). See :func:`build_trees`.
 
     Args:
         root_prompts: per agent (prompt, prompt_used) at turn 0.
-        sample: see :data:`SampleFn`.
+        sample: see :data:`SampleFn` (one call per agent per node); ignored when ``sample_level`` is given.
         reward: see :data:`RewardFn`; receives ``prompts = [agent 0's prompt_used]``.
         transition: see :data:`TransitionFn` (the histories include the turn just generated; ``path`` is the
             tuple of joint actions from the root); required when ``num_turns > 1``.
         early_termination_threshold: stop expanding a node whose mean immediate reward is > this.
         env_step: the counter before this tree; each node adds B.
+        sample_level: see :data:`LevelSampleFn` (one call per agent per level).
+    """
+    if sample_level is None:
+        if sample is None:
+            raise ValueError("build_tree needs `sample` or `sample_level`.")
+
+        def sample_level(agent, turn, prompts):
+            return [sample(agent, turn, p, u) for p, u in prompts]
+
+    roots, env_step = build_trees(
+        num_agents, num_generations, num_turns, joint_mode, [root_prompts], sample_level,
+        lambda _tree, *args: reward(*args),
+        None if transition is None else (lambda _tree, *args: transition(*args)),
+        early_termination_threshold, env_step)
+    return roots[0], env_step
+
+
+def build_trees(
+    num_agents: int,
+    num_generations: int,
+    num_turns: int,
+    joint_mode: str,
+    root_prompts: Sequence[Sequence[tuple[str, str]]],
+    sample_level: LevelSampleFn,
+    reward: Callable[..., float],
+    transition: Callable[..., list[tuple[str, str]]] | None,
+    early_termination_threshold: float | None = None,
+    env_step: int = 0,
+) -> tuple[list[Node], int]:
+    """Build the rollout trees of several items level by level; returns (roots, new env_step).
+
+    Turn by turn, every node of the level, across all trees, is sampled by one ``sample_level`` call per
+    agent (nodes ordered by tree, then parent, then joint action); then each node is scored and expanded on
+    its own. The trees equal those of a depth-first pre-order construction from the same draws: env_step
+    values are assigned afterwards in pre-order, tree after tree (docs/multiturn.md §2.2), and returns
+    post-order (§2.5).
+
+    Args:
+        root_prompts: per tree, per agent (prompt, prompt_used) at turn 0.
+        reward: ``reward(tree, prompts, joint_texts, turn, path) -> float`` (``tree`` indexes ``root_prompts``).
+        transition: ``transition(tree, joint_texts, prompt_history, response_history, turn, path)``; required
+            when ``num_turns > 1``.
+        Other args as :func:`build_tree`.
     """
     if num_turns > 1 and transition is None:
         raise ValueError("Multi-turn MAGRPO requires an external_transition (num_turns > 1).")
-    joint = joint_actions(num_agents, num_generations, joint_mode)
-    counter = [env_step]
-
-    def build(turn, prompts, p_hist, r_hist, path) -> Node:
-        draws = [sample(a, turn, prompts[a][0], prompts[a][1]) for a in range(num_agents)]
-        for a, d in enumerate(draws):
-            if len(d.texts) != num_generations or len(d.completion_ids) != num_generations:
-                raise ValueError(f"sample returned {len(d.texts)} completions for agent {a}; expected "
-                                 f"num_generations={num_generations}.")
-        used = [d.prompt_used for d in draws]
-        rewards = []
-        for ja in joint:
-            texts = [draws[a].texts[ja[a]] for a in range(num_agents)]
-            rewards.append(float(reward([used[0]], texts, turn, path + (ja,))))
-        counter[0] += len(joint)
-        node = Node(turn=turn, path=path, draws=draws, joint=joint, rewards=rewards, env_step=counter[0])
-        if early_termination_threshold is not None:
-            node.terminated = node.mean_reward > early_termination_threshold
-        if turn < num_turns - 1 and not node.terminated:
-            new_p_hist = [p_hist[a] + [used[a]] for a in range(num_agents)]
+    n = num_agents
+    joint = joint_actions(n, num_generations, joint_mode)
+    roots: list[Node] = []
+    # a pending node: (tree, parent or None, path, per-agent (prompt, prompt_used), prompt and response histories)
+    level = [(i, None, (), list(p), [[] for _ in range(n)], [[] for _ in range(n)])
+             for i, p in enumerate(root_prompts)]
+    for turn in range(num_turns):
+        if not level:
+            break
+        per_agent = []
+        for a in range(n):
+            draws = list(sample_level(a, turn, [entry[3][a] for entry in level]))
+            if len(draws) != len(level):
+                raise ValueError(f"sample_level returned {len(draws)} draws for agent {a}; expected one per "
+                                 f"node of the level ({len(level)}).")
+            for d in draws:
+                if len(d.texts) != num_generations or len(d.completion_ids) != num_generations:
+                    raise ValueError(f"sample returned {len(d.texts)} completions for agent {a}; expected "
+                                     f"num_generations={num_generations}.")
+            per_agent.append(draws)
+        next_level = []
+        for idx, (tree, parent, path, _prompts, p_hist, r_hist) in enumerate(level):
+            draws = [per_agent[a][idx] for a in range(n)]
+            used = [d.prompt_used for d in draws]
+            rewards = []
             for ja in joint:
-                texts = [draws[a].texts[ja[a]] for a in range(num_agents)]
-                new_r_hist = [r_hist[a] + [texts[a]] for a in range(num_agents)]
-                nxt = transition(texts, new_p_hist, new_r_hist, turn, path + (ja,))
-                node.children.append(build(turn + 1, nxt, new_p_hist, new_r_hist, path + (ja,)))
-        node.returns = [r + (node.children[j].mean_return if node.children else 0.0)
-                        for j, r in enumerate(rewards)]
-        return node
+                texts = [draws[a].texts[ja[a]] for a in range(n)]
+                rewards.append(float(reward(tree, [used[0]], texts, turn, path + (ja,))))
+            node = Node(turn=turn, path=path, draws=draws, joint=joint, rewards=rewards, env_step=0)
+            (roots if parent is None else parent.children).append(node)
+            if early_termination_threshold is not None:
+                node.terminated = node.mean_reward > early_termination_threshold
+            if turn < num_turns - 1 and not node.terminated:
+                new_p_hist = [p_hist[a] + [used[a]] for a in range(n)]
+                for ja in joint:
+                    texts = [draws[a].texts[ja[a]] for a in range(n)]
+                    new_r_hist = [r_hist[a] + [texts[a]] for a in range(n)]
+                    nxt = transition(tree, texts, new_p_hist, new_r_hist, turn, path + (ja,))
+                    next_level.append((tree, node, path + (ja,), list(nxt), new_p_hist, new_r_hist))
+        level = next_level
+    for root in roots:
+        for node in root.walk():  # the depth-first construction's numbering: +B per node, pre-order
+            env_step += len(node.joint)
+            node.env_step = env_step
+        _set_returns(root)
+    return roots, env_step
 
-    root = build(0, list(root_prompts), [[] for _ in range(num_agents)], [[] for _ in range(num_agents)], ())
-    return root, counter[0]
+
+def _set_returns(node: Node) -> None:
+    """R(j) = r(j) + mean of the child's returns (a leaf: R = r), post-order (docs/multiturn.md §2.5)."""
+    for c in node.children:
+        _set_returns(c)
+    node.returns = [r + (node.children[j].mean_return if node.children else 0.0) for j, r in enumerate(node.rewards)]
 
 
 def agent_returns(node: Node, agent: int, num_generations: int) -> list[float]:

@@ -12,6 +12,7 @@ from comlrl_lightning.multiturn.episodes import (
     finish_episode,
     reward_matrix,
     run_episode,
+    run_episodes,
     score_turn,
     turn_summary,
 )
@@ -103,3 +104,44 @@ def test_samples_read_like_dicts_and_round_trip_through_weights_only(tmp_path):
     assert loaded[0]["return"] == 1.5 and EpisodeSample.from_dict(loaded[0]) == s
     summary = turn_summary([s, EpisodeSample(0, 0, 0, 0, [], [], reward=1.5, return_to_go=2.5, kl=0.2)], None)
     assert summary == {"reward_mean": 1.0, "expected_return": 2.0}
+
+
+def test_episodes_of_a_batch_share_each_turn_call_and_equal_separate_episodes():
+    # 3 episodes, 2 agents, K=2, 3 turns; episode 1 terminates after turn 1 (its mean reward 9 > 5).
+    def sample(agent, turn, prompt):
+        h = sum(map(ord, prompt)) % 13
+        return [agent, h], [[h, g] for g in range(2)], [f"a{agent}t{turn}g{g}h{h}" for g in range(2)]
+
+    def reward(prompts, texts, turn):
+        r = 9.0 if "item1" in prompts[0] and turn == 0 else float(len(texts[0][0]) % 3)
+        return [[r, r + 1], [r, r + 1]], r + 0.5
+
+    def transition(previous, p_hist, r_hist, turn):
+        return [f"{p_hist[j][0]} then {previous[j]}" for j in range(2)]
+
+    def values(turn):  # depends on the sample only, so batching cannot change it
+        return [[0.1 * (s.completion_ids[0] + s.turn) for s in samples] for samples in turn]
+
+    def kls(turn):
+        return [[0.01 * s.gen for s in samples] for samples in turn]
+
+    prompts = [[f"item{e} p{j}" for j in range(2)] for e in range(3)]
+    kw = dict(discount=0.9, kls=kls, kl_coef=0.5, early_termination_threshold=5.0)
+    calls, value_calls = [], []
+
+    def sample_level(agent, turn, level):
+        calls.append((agent, turn, len(level)))
+        return [sample(agent, turn, p) for p in level]
+
+    def counted_values(turn):
+        value_calls.append([len(x) for x in turn])
+        return values(turn)
+
+    batched = run_episodes(2, 2, 3, prompts, sample_level, lambda e, *a: reward(*a), counted_values,
+                           transition=lambda e, *a: transition(*a), items=["x0", "x1", "x2"], **kw)
+    assert calls == [(0, 0, 3), (1, 0, 3), (0, 1, 2), (1, 1, 2), (0, 2, 2), (1, 2, 2)]
+    assert value_calls == [[6, 6], [4, 4], [4, 4]]
+    for e in range(3):
+        alone = run_episode(2, 2, 3, prompts[e], sample, reward, values, transition=transition, item=f"x{e}", **kw)
+        assert [x.as_dict() for x in batched[e]] == [x.as_dict() for x in alone]
+    assert len(batched[1]) == 2 * 2 * 1 and len(batched[0]) == 2 * 2 * 3

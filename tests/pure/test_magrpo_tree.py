@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from comlrl_lightning.multiturn.tree import AgentDraw, build_tree, joint_actions, node_samples
+from comlrl_lightning.multiturn.tree import AgentDraw, Node, build_tree, build_trees, joint_actions, node_samples
 
 
 class Recorder:
@@ -155,8 +155,8 @@ def test_transition_sees_its_own_branch_history():
     assert r_hist == [[texts[0]], [texts[1]]] and texts[0].startswith("a0 t0 k0")
     # the first grandchild transition: the branch's history has two turns; the prompt history records the
     # raw string the transition returned ("prompt used"), the generation saw the formatted one
-    _texts2, p_hist2, r_hist2, turn2, path2 = rec.transitions[1]
-    assert turn2 == 1 and path2 == ((0, 0), (0, 0))
+    _texts2, p_hist2, r_hist2, turn2, path2 = next(tr for tr in rec.transitions if tr[4] == ((0, 0), (0, 0)))
+    assert turn2 == 1
     assert p_hist2[0] == ["p0", "raw0 ((0, 0),)"]
     assert r_hist2[0][0].startswith("a0 t0 k0") and r_hist2[0][1].startswith("a0 t1 k0 | next0 ((0, 0),)")
     # second root branch starts from completion 1 of each agent
@@ -170,3 +170,127 @@ def test_multiturn_without_transition_and_unknown_mode_are_errors():
         build_tree(2, 2, 2, "aligned", [("p", "p")] * 2, rec.sample, rec.reward, None)
     with pytest.raises(ValueError, match="joint_mode"):
         joint_actions(2, 2, "diagonal")
+
+
+# --- level-batched construction (docs/multiturn.md §2.2) ----------------------------------------------------
+
+def depth_first_tree(n, k, t, mode, root_prompts, sample, reward, transition, threshold=None, env_step=0):
+    """The reference: the historical depth-first pre-order builder, one ``sample`` call per agent per node."""
+    joint = joint_actions(n, k, mode)
+    counter = [env_step]
+
+    def build(turn, prompts, p_hist, r_hist, path):
+        draws = [sample(a, turn, prompts[a][0], prompts[a][1]) for a in range(n)]
+        used = [d.prompt_used for d in draws]
+        rewards = [float(reward([used[0]], [draws[a].texts[ja[a]] for a in range(n)], turn, path + (ja,)))
+                   for ja in joint]
+        counter[0] += len(joint)
+        node = Node(turn=turn, path=path, draws=draws, joint=joint, rewards=rewards, env_step=counter[0])
+        if threshold is not None:
+            node.terminated = node.mean_reward > threshold
+        if turn < t - 1 and not node.terminated:
+            new_p = [p_hist[a] + [used[a]] for a in range(n)]
+            for ja in joint:
+                texts = [draws[a].texts[ja[a]] for a in range(n)]
+                new_r = [r_hist[a] + [texts[a]] for a in range(n)]
+                nxt = transition(texts, new_p, new_r, turn, path + (ja,))
+                node.children.append(build(turn + 1, nxt, new_p, new_r, path + (ja,)))
+        node.returns = [r + (node.children[j].mean_return if node.children else 0.0) for j, r in enumerate(rewards)]
+        return node
+
+    root = build(0, list(root_prompts), [[] for _ in range(n)], [[] for _ in range(n)], ())
+    return root, counter[0]
+
+
+def prompt_sampler(k):
+    """Deterministic draws that depend only on (agent, turn, prompt): the same in any call order."""
+    def sample(agent, turn, prompt, used):
+        h = sum(map(ord, prompt)) % 97
+        texts = [f"a{agent} t{turn} k{j} h{(h * (j + 3)) % 11} | {prompt[-40:]}" for j in range(k)]
+        return AgentDraw(prompt, used, [1, h], [[10 + j, h] for j in range(k)], texts,
+                         kls=[0.01 * ((h + j) % 5) for j in range(k)])
+    return sample
+
+
+def text_reward(prompts, texts, turn, path):
+    return float(sum(sum(map(ord, x)) % 7 for x in texts) + turn) / 3.0
+
+
+def text_transition(texts, p_hist, r_hist, turn, path):
+    return [(f"T{turn} {texts[a][:12]} {len(p_hist[a])}", f"raw{a} {texts[a][:8]}") for a in range(len(texts))]
+
+
+def same_tree(x, y):
+    assert len(list(x.walk())) == len(list(y.walk()))
+    for u, v in zip(x.walk(), y.walk()):
+        assert (u.turn, u.path, u.joint, u.rewards, u.env_step, u.terminated, u.returns) == \
+               (v.turn, v.path, v.joint, v.rewards, v.env_step, v.terminated, v.returns)
+        assert [(d.prompt, d.prompt_used, d.completion_ids, d.texts) for d in u.draws] == \
+               [(d.prompt, d.prompt_used, d.completion_ids, d.texts) for d in v.draws]
+
+
+@pytest.mark.parametrize("mode,n,k,t,threshold", [("aligned", 2, 4, 2, None), ("cross", 2, 2, 3, None),
+                                                  ("aligned", 3, 2, 3, 2.0), ("cross", 2, 3, 2, 2.5),
+                                                  ("aligned", 1, 3, 3, None)])
+def test_level_batched_tree_equals_depth_first_tree(mode, n, k, t, threshold):
+    sample = prompt_sampler(k)
+    roots = [(f"p{a}", f"p{a}") for a in range(n)]
+    ref, ref_step = depth_first_tree(n, k, t, mode, roots, sample, text_reward, text_transition, threshold, 7)
+    calls = []
+
+    def sample_level(agent, turn, prompts):
+        calls.append((agent, turn, len(prompts)))
+        return [sample(agent, turn, p, u) for p, u in prompts]
+
+    root, step = build_tree(n, k, t, mode, roots, None, text_reward, text_transition if t > 1 else None,
+                            early_termination_threshold=threshold, env_step=7, sample_level=sample_level)
+    assert step == ref_step
+    same_tree(root, ref)
+    kl = 0.3
+    for norm in (True, False):
+        assert node_samples(root, n, k, "mean", norm, kl) == node_samples(ref, n, k, "mean", norm, kl)
+    # one call per agent per level, each covering every node of the level
+    per_turn = {}
+    for nd in root.walk():
+        per_turn[nd.turn] = per_turn.get(nd.turn, 0) + 1
+    assert calls == [(a, turn, per_turn[turn]) for turn in sorted(per_turn) for a in range(n)]
+
+
+@pytest.mark.parametrize("mode", ["aligned", "cross"])
+def test_several_trees_share_each_level_call(mode):
+    n, k, t = 2, 2, 3
+    sample = prompt_sampler(k)
+    items = [[(f"item{i} p{a}", f"item{i} p{a}") for a in range(n)] for i in range(3)]
+    calls = []
+
+    def sample_level(agent, turn, prompts):
+        calls.append((agent, turn, len(prompts)))
+        return [sample(agent, turn, p, u) for p, u in prompts]
+
+    seen_trees = set()
+
+    def reward(tree, prompts, texts, turn, path):
+        seen_trees.add(tree)
+        assert prompts[0].startswith(f"item{tree}") or turn > 0
+        return text_reward(prompts, texts, turn, path)
+
+    roots, step = build_trees(n, k, t, mode, items, sample_level, reward,
+                              lambda tree, *args: text_transition(*args), env_step=3)
+    b = k if mode == "aligned" else k ** n
+    nodes_per_turn = [3 * b ** turn for turn in range(t)]
+    assert calls == [(a, turn, nodes_per_turn[turn]) for turn in range(t) for a in range(n)]
+    assert seen_trees == {0, 1, 2}
+    # each tree equals its own depth-first tree; env_steps continue from one tree to the next
+    before = 3
+    for i, root in enumerate(roots):
+        ref, before = depth_first_tree(n, k, t, mode, items[i], sample, text_reward, text_transition,
+                                       env_step=before)
+        same_tree(root, ref)
+    assert step == before
+
+
+def test_level_sampler_must_return_one_draw_per_node():
+    sample = prompt_sampler(2)
+    with pytest.raises(ValueError, match="one per node"):
+        build_tree(2, 2, 2, "aligned", [("p", "p")] * 2, None, text_reward, text_transition,
+                   sample_level=lambda a, t, prompts: [sample(a, t, *prompts[0])])

@@ -1,0 +1,154 @@
+"""Rollout cost of 2-turn MAGRPO: level-batched generation against the per-node loop.
+
+Run ``python benchmarks/rollouts.py [--quick] [--threads N] [--models tiny,large]``. For each model (the
+embedded tiny Qwen2; a larger random Qwen2 with the tiny tokenizer: 8 layers, hidden 256, as in
+``madpo_step.py``), it trains 2-turn MAGRPO (2 agents, G = num_generations = 4, aligned joint actions, the
+plain transition, the built-in cooperative reward) through ``MAGRPOTrainer`` (a real Lightning fit, updates
+included) twice per repetition:
+
+  batched   one ``generate`` per agent per tree level covering every node of the level (the default);
+  per-node  the previous loop: one ``generate`` per agent per node (``MAGRPOModule.per_node_sampling``).
+
+A tree has 1 + 4 nodes, so a step makes 2 x 2 = 4 generate calls batched and 2 x 5 = 10 per node. Each fit
+runs ``--steps`` training steps (one item each); the first step of every fit is a warm-up and not timed.
+Fits alternate between the variants, so a slow phase of the machine hits both. Printed per variant: the
+median wall ms per training step, steps/s, the median ms inside ``generate`` per step and its share of the
+step, the generate calls per step; then the ratios batched/per-node of steps/s and of generate time, both
+measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+import transformers
+
+from comlrl_lightning.config_rl import MAGRPOConfig
+from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
+from comlrl_lightning.multiturn.transitions import plain_transition
+from comlrl_lightning.tiny import build_tiny_model
+from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from madpo_step import build_large_model  # noqa: E402  (the same larger random Qwen2)
+
+TOPICS = ("rivers", "bread", "trains", "music", "maps", "clouds", "glass", "birds", "salt", "paper", "bells", "ice")
+
+
+class StepTimer(L.Callback):
+    """Wall and CPU time of every training step, and the time and calls inside the agents' ``generate``."""
+
+    def __init__(self, team):
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+        self.gen: list[float] = []
+        self.calls: list[int] = []
+        self._gen_total = 0.0
+        self._calls_total = 0
+        for model in team.unique_models():
+            original = model.generate
+
+            def timed(*args, _orig=original, **kw):
+                t0 = time.perf_counter()
+                try:
+                    return _orig(*args, **kw)
+                finally:
+                    self._gen_total += time.perf_counter() - t0
+                    self._calls_total += 1
+
+            model.generate = timed
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._t0, self._c0 = time.perf_counter(), time.process_time()
+        self._g0, self._n0 = self._gen_total, self._calls_total
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.wall.append(time.perf_counter() - self._t0)
+        self.cpu.append(time.process_time() - self._c0)
+        self.gen.append(self._gen_total - self._g0)
+        self.calls.append(self._calls_total - self._n0)
+
+
+def one_fit(model_dir: str, per_node: bool, args) -> StepTimer:
+    items = [{"prompt": f"Topic: {TOPICS[i % len(TOPICS)]}."} for i in range(args.steps)]
+    config = MAGRPOConfig(num_agents=2, num_turns=2, num_generations=4, joint_mode="aligned",
+                          max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=None,
+                          num_train_epochs=1, eval_interval=0, logging_steps=1, rollout_buffer_size=2,
+                          agent_learning_rate=1e-6, seed=args.seed)
+    trainer = MAGRPOTrainer(agent_model=model_dir, train_dataset=items, eval_dataset=None,
+                            reward_func=cooperative_reward, formatters=FORMATTERS, args=config,
+                            external_transition=plain_transition,
+                            trainer_kwargs=dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                                                enable_progress_bar=False, enable_model_summary=False,
+                                                num_sanity_val_steps=0))
+    trainer.module.per_node_sampling = per_node
+    timer = StepTimer(trainer.team)
+    trainer.trainer.callbacks.append(timer)
+    trainer.train()
+    for series in (timer.wall, timer.cpu, timer.gen, timer.calls):
+        del series[0]  # warm-up step
+    return timer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps and repetitions, tiny model only")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: steadier)")
+    parser.add_argument("--models", default=None, help="comma-separated: tiny, large (default both; --quick: tiny)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per fit, first one untimed")
+    parser.add_argument("--reps", type=int, default=None, help="fits per variant, alternating")
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    args.steps = args.steps if args.steps is not None else (4 if args.quick else 7)
+    args.reps = args.reps if args.reps is not None else (1 if args.quick else 2)
+    models = (args.models or ("tiny" if args.quick else "tiny,large")).split(",")
+    torch.set_num_threads(args.threads)
+    transformers.utils.logging.disable_progress_bar()
+    import logging
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    t_start = time.perf_counter()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="rollout_bench_") as tmp:
+        tiny_dir = build_tiny_model(Path(tmp) / "tiny")
+        dirs = {"tiny": tiny_dir}
+        if "large" in models:
+            dirs["large"] = build_large_model(tiny_dir, Path(tmp) / "large")
+        for label in models:
+            timers = {"batched": [], "per-node": []}
+            for _ in range(args.reps):
+                for name, per_node in (("batched", False), ("per-node", True)):
+                    timers[name].append(one_fit(dirs[label], per_node, args))
+            rows.append((label, timers))
+
+    print(f"\n2-turn MAGRPO training steps, 2 agents, G=4, aligned, max_new_tokens={args.max_new_tokens}, "
+          f"torch {torch.__version__}, threads={torch.get_num_threads()}, {args.reps} fit(s) x "
+          f"{args.steps - 1} timed steps per variant")
+    print(f"{'model':<8}{'variant':<11}{'ms/step':>9}{'steps/s':>9}{'cpu ms':>9}{'gen ms':>9}{'gen %':>7}"
+          f"{'calls':>7}")
+    for label, timers in rows:
+        med = {}
+        for name, ts in timers.items():
+            wall = statistics.median([w for t in ts for w in t.wall])
+            cpu = statistics.median([c for t in ts for c in t.cpu])
+            gen = statistics.median([g for t in ts for g in t.gen])
+            calls = statistics.median([c for t in ts for c in t.calls])
+            med[name] = (wall, gen)
+            print(f"{label:<8}{name:<11}{1e3 * wall:>9.1f}{1 / wall:>9.2f}{1e3 * cpu:>9.1f}{1e3 * gen:>9.1f}"
+                  f"{100 * gen / wall:>6.0f}%{calls:>7.0f}")
+        (bw, bg), (pw, pg) = med["batched"], med["per-node"]
+        print(f"{label:<8}steps/s batched/per-node {pw / bw:.2f}x; generate time per-node/batched {pg / bg:.2f}x")
+    print(f"total {time.perf_counter() - t_start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
