@@ -19,6 +19,9 @@ from comlrl_lightning.data.tasks_dm import TaskDataModule
 from comlrl_lightning.modules.actor_critic import ActorCriticModule
 from comlrl_lightning.trainers.base import TeamTrainer
 
+# CoMLRL's ``comlrl.trainers.actor_critic`` exports (docs/coming-from-comlrl.md); RolloutSample is internal here
+__all__ = ["ActorCriticTrainerBase", "IACConfig", "IACTrainer", "MAACConfig", "MAACTrainer"]
+
 
 class _ActorCriticTrainer(TeamTrainer):
     config_cls: type = IACConfig
@@ -98,3 +101,7 @@ class MAACTrainer(_ActorCriticTrainer):
 
     config_cls = MAACConfig
     algorithm_name = "MAAC"
+
+
+ActorCriticTrainerBase = _ActorCriticTrainer
+"""CoMLRL's name of the shared IAC/MAAC trainer base."""

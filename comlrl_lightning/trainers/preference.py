@@ -2,6 +2,10 @@
 
 Everything it does is reachable from a YAML config too (``comlrl-lightning fit --config
 configs/madpo/tiny.yaml``).
+
+Like CoMLRL's ``comlrl.trainers.preference``, this module also exposes the other preference trainers, their
+configs, the reward model and the centralized-comparator adapter names (docs/coming-from-comlrl.md); they load
+on first use, so importing this module does not import the iterative or MARLHF machinery.
 """
 
 from __future__ import annotations
@@ -16,6 +20,32 @@ from comlrl_lightning.config import MADPOConfig
 from comlrl_lightning.data.preference import PreferenceDataModule
 from comlrl_lightning.modules.madpo import MADPOModule
 from comlrl_lightning.trainers.base import TeamTrainer
+
+# CoMLRL's ``comlrl.trainers.preference`` exports (docs/coming-from-comlrl.md): name -> defining module
+_REEXPORTS = {
+    "MADPOConfig": "comlrl_lightning.config",
+    "MADPOIterConfig": "comlrl_lightning.config",
+    "MARLHFConfig": "comlrl_lightning.config",
+    "MARLHFIterConfig": "comlrl_lightning.config",
+    "MADPOIterTrainer": "comlrl_lightning.trainers.iterative",
+    "MARLHFTrainer": "comlrl_lightning.trainers.marlhf",
+    "MARLHFIterTrainer": "comlrl_lightning.trainers.marlhf",
+    "JointRewardModel": "comlrl_lightning.modules.reward_model",
+    "CentralizedComparatorAdapter": "comlrl_lightning.comparators.centralized",
+    "CentralizedComparatorParseError": "comlrl_lightning.comparators.centralized",
+    "TaggedCentralizedComparatorAdapter": "comlrl_lightning.comparators.centralized",
+}
+__all__ = ["MADPOTrainer", *_REEXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name not in _REEXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_REEXPORTS[name]), name)
+    globals()[name] = value
+    return value
 
 
 class MADPOTrainer(TeamTrainer):

@@ -18,6 +18,10 @@ from comlrl_lightning.data.tasks_dm import TaskDataModule
 from comlrl_lightning.modules.magrpo import MAGRPOModule, check_transition
 from comlrl_lightning.trainers.base import TeamTrainer
 
+# CoMLRL's ``comlrl.trainers.reinforce`` exports (docs/coming-from-comlrl.md)
+__all__ = ["MAGRPOConfig", "MAGRPOTrainer", "MAREINFORCEConfig", "MAREINFORCETrainer", "MAReMaxConfig",
+           "MAReMaxTrainer", "MARLOOConfig", "MARLOOTrainer"]
+
 
 class MAGRPOTrainer(TeamTrainer):
     """Multi-agent GRPO over (multi-turn) rollout trees.
