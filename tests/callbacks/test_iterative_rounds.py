@@ -134,3 +134,13 @@ def test_iterative_yaml_parses_and_runs(tmp_path, monkeypatch, capsys):
     assert sorted(p.name for p in (out / "preference_replay").glob("iteration_*.json")) == [
         "iteration_0001.json", "iteration_0002.json"]
     assert (out / "policy_checkpoints/iteration_0001/agent_1").is_dir()
+
+
+def test_comlrl_iter_metric_keys_are_logged_next_to_round_keys(tiny_model_dir, tmp_path):
+    # CoMLRL's dashboards read iter/* (docs/coming-from-comlrl.md, "Metric keys")
+    tr = make_trainer(tiny_model_dir, tmp_path)
+    metrics = tr.train()
+    assert metrics["iter/current_iteration"] == 2  # 1-based, the last round
+    assert metrics["iter/current_preference_pairs"] == metrics["round/num_pairs"]
+    assert metrics["iter/total_preference_pairs"] == metrics["round/total_pairs"]
+    assert metrics["iter/train_preference_pairs"] == metrics["round/replay_size"]
