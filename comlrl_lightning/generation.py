@@ -12,7 +12,7 @@ with that value, so streams (agents, comparator, evaluation) never disturb each 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +25,8 @@ class SamplingSettings:
     temperature: float = 0.6
     top_p: float = 0.6
     top_k: int | None = 50
+    extra: dict = field(default_factory=dict)
+    """Further ``generate`` keywords (CoMLRL's ``train(**kwargs)``); ``do_sample`` is always True."""
 
 
 class SamplingStream:
@@ -109,6 +111,7 @@ def sample_completions(
                 gen_kwargs["top_k"] = settings.top_k
             else:
                 gen_kwargs["top_k"] = 0
+            gen_kwargs.update({k: v for k, v in settings.extra.items() if k != "do_sample"})
             devices = [device] if device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(stream.next_seed())

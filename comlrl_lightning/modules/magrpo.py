@@ -34,7 +34,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.config import MAGRPOConfig
 from comlrl_lightning.data.tasks import format_prompts
-from comlrl_lightning.evaluation import with_turn_mean
+from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
 from comlrl_lightning.generation import SamplingStream, sample_completions
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
@@ -177,7 +177,9 @@ class MAGRPOModule(TeamModuleBase):
         streams = [SamplingStream(seed + 7919 * i) for i in range(n)]
         settings = self.sampling_settings()
         rewards = [[] for _ in range(turns)]  # per turn, one entry per (item, sample) path
+        completions, paths_items, raw_prompts = [[] for _ in range(n)], [], []  # for CoMLRL's eval_logger
         for index, item in enumerate(items):
+            item_texts = [[[] for _ in range(samples_per_item)] for _ in range(n)]
             first = [p[0] for p in format_prompts([item], formatters, offset=index, prompt_field=prompt_field)]
             paths = [[(p, p) for p in first] for _ in range(samples_per_item)]
             p_hist = [[[] for _ in range(n)] for _ in range(samples_per_item)]
@@ -194,6 +196,8 @@ class MAGRPOModule(TeamModuleBase):
                     r, _ = oracle.score([first[0]], joint, item, f"eval {index} (turn {t + 1})")
                     rewards[t].append(r)
                     for a in range(n):
+                        item_texts[a][j].append(joint[a])
+                    for a in range(n):
                         p_hist[j][a].append(paths[j][a][1])
                         r_hist[j][a].append(joint[a])
                     if t < turns - 1:
@@ -202,7 +206,12 @@ class MAGRPOModule(TeamModuleBase):
                         formatted = next_prompts(ext, item, formatters, self.args.external_prompt_passthrough,
                                                  prompt_field)
                         paths[j] = list(zip(formatted, ext))
-        out = {}
+            for a in range(n):
+                completions[a].extend(item_texts[a])
+            paths_items.extend([item] * samples_per_item)
+            raw_prompts.extend([item.get(prompt_field, "")] * samples_per_item)
+        out = EvalMetrics()
+        out.completions, out.batch_items, out.raw_prompts = completions, paths_items, raw_prompts
         for t in range(turns):
             out[f"eval/turn_{t + 1}/reward_mean"] = _mean(rewards[t])
             out[f"eval/turn_{t + 1}/expected_return"] = _mean(

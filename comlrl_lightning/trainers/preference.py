@@ -15,7 +15,7 @@ from typing import Any
 
 import lightning as L
 
-from comlrl_lightning.callbacks import PreferenceCollection, TaskRewardEvaluation
+from comlrl_lightning.callbacks import PreferenceCollection
 from comlrl_lightning.config import MADPOConfig
 from comlrl_lightning.data.preference import PreferenceDataModule
 from comlrl_lightning.modules.madpo import MADPOModule
@@ -54,7 +54,9 @@ class MADPOTrainer(TeamTrainer):
     Args mirror CoMLRL's (docs/preference.md §2.7): ``agent_model`` or ``agents``, ``tokenizer``, ``train_dataset``,
     ``eval_dataset``, ``reward_func``, ``reward_processor``, ``formatters``, ``args``; plus ``model_config``,
     ``lora``, extra ``callbacks``, ``trainer_kwargs`` for ``lightning.Trainer`` and CoMLRL's ``wandb_config``
-    (a ``WandbLogger`` unless ``trainer_kwargs`` sets a logger).
+    (a ``WandbLogger`` unless ``trainer_kwargs`` sets a logger), ``external_transition`` (accepted as in CoMLRL;
+    unused, with a warning: preference trainers are single-turn), ``eval_logger`` and ``eval_aggregator``
+    (custom evaluation metrics, logged as ``eval/<key>``).
     """
 
     config_cls = MADPOConfig
@@ -77,8 +79,12 @@ class MADPOTrainer(TeamTrainer):
         callbacks: Sequence[L.Callback] = (),
         trainer_kwargs: dict | None = None,
         wandb_config: dict | None = None,
+        external_transition: Callable | None = None,
+        eval_logger: Callable | None = None,
+        eval_aggregator: Callable | None = None,
     ):
         self._init_args(args, agent_model, agents, reward_func, train_dataset, num_agents)
+        self._unused_transition(external_transition)
         self.module = MADPOModule(agent_model=agent_model, agents=agents, tokenizer=tokenizer,
                                   model_config=model_config, lora=lora, args=self.args)
         self.datamodule = PreferenceDataModule(
@@ -87,6 +93,6 @@ class MADPOTrainer(TeamTrainer):
             seed=self.args.seed,
         )
         self.collection = PreferenceCollection()
-        self.evaluation = TaskRewardEvaluation()
+        self.evaluation = self._evaluation(bool(self.datamodule.eval_items), eval_logger, eval_aggregator)
         self._init_trainer(self.args.num_train_epochs, [self.collection, self.evaluation, *callbacks], wandb_config,
                            trainer_kwargs)
