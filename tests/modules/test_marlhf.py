@@ -168,6 +168,8 @@ def test_model_objects_without_reward_model_name_fail_clearly(tiny_model_dir):
     from comlrl_lightning.trainers.marlhf import MARLHFTrainer
 
     models = [AutoModelForCausalLM.from_pretrained(tiny_model_dir) for _ in range(2)]
+    for m in models:  # objects whose source cannot be loaded again (loadable names are used: test_dropin_smaller)
+        m.config._name_or_path = ""
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     with pytest.raises(ValueError, match="reward_model_name must be provided when agent models are objects"):
         MARLHFTrainer(agents=models, tokenizer=tok, train_dataset=load_task_items("builtin:cooperative")[:2],
