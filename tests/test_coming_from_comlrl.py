@@ -69,15 +69,19 @@ def test_the_table_lists_exactly_comlrls_options_and_their_configs():
         assert configs == options[name], name
 
 
-def test_refused_rows_are_refused_with_the_documented_message():
-    refused = {n: r for n, r in doc_rows().items() if r[1] == "refused"}
-    assert refused
-    for name, (configs, _, notes) in refused.items():
-        value = ast.literal_eval(re.search(r"`([^`]+)`", notes).group(1))
-        message = re.search(r'raises "([^"]+)"', notes).group(1)
-        for label in configs:
-            with pytest.raises(ValueError, match=re.escape(message)):
-                CONFIGS[label](**{name: value})
+REFUSAL_RE = re.compile(r'`([^`]+)` in ([\w, ]+?) raises "([^"]+)"')
+
+
+def test_refusals_in_the_table_are_refused_with_the_documented_message():
+    found = 0
+    for name, (_, status, notes) in doc_rows().items():
+        assert status != "refused" or REFUSAL_RE.search(notes), f"{name}: a refused row must quote its message"
+        for value, configs, message in REFUSAL_RE.findall(notes):
+            for label in (c.strip() for c in configs.split(",")):
+                found += 1
+                with pytest.raises(ValueError, match=re.escape(message)):
+                    CONFIGS[label](**{name: ast.literal_eval(value)})
+    assert found
 
 
 def test_pending_rows_say_why():

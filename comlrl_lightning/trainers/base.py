@@ -45,8 +45,9 @@ class TeamTrainer:
             raise TypeError(f"{type(self).__name__} needs args of type {accepted.__name__}; got "
                             f"{type(self.args).__name__}.")
         check_facade_inputs(agent_model, agents, reward_func, train_dataset)
-        if self.num_agents_from_agents:
-            sync_num_agents(self.args, agents, num_agents)
+        if self.num_agents_from_agents:  # centralized: args.num_agents is the role count, not len(agents)
+            centralized = getattr(self.args, "collaboration_mode", None) == "centralized"
+            sync_num_agents(self.args, None if centralized else agents, num_agents)
 
     def _init_trainer(self, max_epochs: int, callbacks: Iterable[L.Callback], wandb_config: dict | None,
                       trainer_kwargs: dict | None, **forced: Any) -> None:

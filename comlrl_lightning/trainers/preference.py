@@ -56,7 +56,9 @@ class MADPOTrainer(TeamTrainer):
     ``lora``, extra ``callbacks``, ``trainer_kwargs`` for ``lightning.Trainer`` and CoMLRL's ``wandb_config``
     (a ``WandbLogger`` unless ``trainer_kwargs`` sets a logger), ``external_transition`` (accepted as in CoMLRL;
     unused, with a warning: preference trainers are single-turn), ``eval_logger`` and ``eval_aggregator``
-    (custom evaluation metrics, logged as ``eval/<key>``).
+    (custom evaluation metrics, logged as ``eval/<key>``). With ``args.collaboration_mode="centralized"`` one
+    learner writes every role (``args.num_agents`` roles) in one joint text through ``centralized_adapter``
+    (default: CoMLRL's tagged ``<agent_i>`` format); ``agents`` then holds at most one model.
     """
 
     config_cls = MADPOConfig
@@ -82,17 +84,43 @@ class MADPOTrainer(TeamTrainer):
         external_transition: Callable | None = None,
         eval_logger: Callable | None = None,
         eval_aggregator: Callable | None = None,
+        centralized_adapter: Any = None,
     ):
         self._init_args(args, agent_model, agents, reward_func, train_dataset, num_agents)
         self._unused_transition(external_transition)
+        learner_args, centralized = self.args, self.args.collaboration_mode == "centralized"
+        if centralized:
+            learner_args, formatters, reward_func = self._centralized(agents, tokenizer, formatters, reward_func,
+                                                                      centralized_adapter)
         self.module = MADPOModule(agent_model=agent_model, agents=agents, tokenizer=tokenizer,
-                                  model_config=model_config, lora=lora, args=self.args)
+                                  model_config=model_config, lora=lora, args=learner_args)
         self.datamodule = PreferenceDataModule(
             train_dataset=train_dataset, eval_dataset=eval_dataset, reward_func=reward_func,
-            reward_processor=reward_processor, formatters=formatters, num_agents=self.args.num_agents,
-            seed=self.args.seed,
+            reward_processor=reward_processor, formatters=formatters, num_agents=learner_args.num_agents,
+            seed=self.args.seed, score_last_token=centralized,
         )
         self.collection = PreferenceCollection()
         self.evaluation = self._evaluation(bool(self.datamodule.eval_items), eval_logger, eval_aggregator)
         self._init_trainer(self.args.num_train_epochs, [self.collection, self.evaluation, *callbacks], wandb_config,
                            trainer_kwargs)
+
+    def _centralized(self, agents, tokenizer, formatters, reward_func, adapter):
+        """``collaboration_mode="centralized"``: one learner (num_agents=1 inside) writes every role in one joint
+        text; its prompt and the task reward go through ``adapter`` (default: CoMLRL's tagged format)."""
+        import dataclasses
+
+        from comlrl_lightning.collaboration import CentralizedPrompt, CentralizedReward
+        from comlrl_lightning.comparators.centralized import TaggedCentralizedComparatorAdapter
+        from comlrl_lightning.data.tasks import build_formatters
+
+        if agents is not None and len(agents) != 1:
+            raise ValueError("Centralized collaboration requires exactly one actor model.")
+        if isinstance(tokenizer, (list, tuple)) and len(tokenizer) != 1:
+            raise ValueError("Centralized collaboration requires one actor tokenizer.")
+        adapter = adapter if adapter is not None else TaggedCentralizedComparatorAdapter()
+        for name in ("build_prompt", "parse_completion"):
+            if not callable(getattr(adapter, name, None)):
+                raise TypeError(f"centralized_adapter.{name} must be callable.")
+        roles = build_formatters(formatters, self.args.num_agents)
+        learner = dataclasses.replace(self.args, num_agents=1)
+        return learner, [CentralizedPrompt(adapter, roles)], CentralizedReward(adapter, reward_func, roles)
