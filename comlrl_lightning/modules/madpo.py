@@ -51,6 +51,7 @@ class MADPOModule(TeamModuleBase):
         self.init_team(agent_model, agents, tokenizer, model_config, lora, optimizer, lr_scheduler)
         self.round_index = 0
         self._accum = 0
+        self._last_logged_progress: int | None = None  # the logging_steps gate
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
         # A round without training pairs serves one placeholder batch (an empty dataloader would end fit).
@@ -167,7 +168,7 @@ class MADPOModule(TeamModuleBase):
         ``logging_steps`` env steps since the last one (updates instead when ``use_environment_step`` is off,
         where CoMLRL's frozen env_step would never log again)."""
         progress = self.env_step if self.args.use_environment_step else self.updates_seen
-        last = getattr(self, "_last_logged_progress", None)
+        last = self._last_logged_progress
         if last is not None and progress - last < self.args.logging_steps:
             return False
         self._last_logged_progress = progress

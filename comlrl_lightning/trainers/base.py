@@ -83,6 +83,10 @@ class TeamTrainer:
                 if value is not None:
                     warnings.warn(f"{type(self).__name__}: {name} has no effect without an eval_dataset.",
                                   UserWarning, stacklevel=3)
+        elif getattr(self.args, "num_turns", 1) > 1 and getattr(self.args, "eval_batch_size", 1) != 1:
+            warnings.warn(f"{type(self).__name__}: eval_batch_size={self.args.eval_batch_size} has no effect with "
+                          f"num_turns={self.args.num_turns}: multi-turn evaluation rolls out one item at a time "
+                          "(as CoMLRL).", UserWarning, stacklevel=3)
         return TaskRewardEvaluation(eval_logger=eval_logger, eval_aggregator=eval_aggregator)
 
     def _unused_transition(self, external_transition: Any) -> None:

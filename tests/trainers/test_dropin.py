@@ -133,3 +133,11 @@ def test_marlhf_iter_reads_log_reward_distribution(tiny_model_dir):
     tr = MARLHFIterTrainer(agent_model=tiny_model_dir, train_dataset=ITEMS, reward_func=ranged, args=args,
                            trainer_kwargs=cpu_trainer_kwargs())
     assert any(isinstance(cb, RewardDistributionLogger) for cb in tr.trainer.callbacks)
+
+
+def test_eval_batch_size_in_multi_turn_warns_naming_it(tiny_model_dir):
+    args = MAGRPOConfig(num_turns=2, num_generations=2, eval_batch_size=2, **TINY)
+    with pytest.warns(UserWarning, match="eval_batch_size=2 has no effect with num_turns=2"):
+        MAGRPOTrainer(agent_model=tiny_model_dir, train_dataset=ITEMS, eval_dataset=ITEMS, reward_func=length_reward,
+                      external_transition=lambda prompt, agent_completions, num_agents, **kw: [prompt] * num_agents,
+                      args=args, trainer_kwargs=cpu_trainer_kwargs())
