@@ -2,17 +2,24 @@
 
 Runs before every ``eval_interval``-th update (update 0 included, as upstream) and once at the end of
 training. Logs ``eval/reward_mean``, ``eval/turn_{t}/reward_mean``, ``eval/turn_{t}/expected_return`` and,
-single-turn, ``eval/agent{i}/completions/mean_length`` (characters). What an evaluation samples is the
+single-turn, ``eval/agent{i}/completions/mean_length`` (tokens); with CoMLRL's ``eval_logger`` and
+``eval_aggregator``, their metrics as ``eval/<key>``. What an evaluation samples is the
 module's business (``pl_module.evaluate``, the ``TeamModule`` protocol): multi-turn modules roll out every
 turn on single sampled paths (docs/multiturn.md §10.2).
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
+
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
-from comlrl_lightning.evaluation import evaluate_team  # noqa: F401  (kept importable from here)
+from comlrl_lightning.evaluation import (
+    custom_eval_metrics,
+    evaluate_team,  # noqa: F401  (kept importable from here)
+)
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.protocols import TaskSource, TeamModule, check_protocol
 
@@ -27,10 +34,22 @@ class TaskRewardEvaluation(L.Callback):
         seed: base seed of the evaluation streams; every evaluation uses the same seeds so that runs and
             evaluations are comparable.
         final: also evaluate at the end of training.
+        eval_logger: CoMLRL's ``eval_logger(agent_completions_turns=, batch_items=, prompts=)`` -> one metrics
+            dict per item; used together with ``eval_aggregator``.
+        eval_aggregator: CoMLRL's ``eval_aggregator(metrics, num_turns=)`` -> a dict logged as ``eval/<key>``.
     """
 
     def __init__(self, eval_interval: int | None = None, eval_num_samples: int | None = None,
-                 samples_per_item: int = 1, seed: int = 12345, final: bool = True):
+                 samples_per_item: int = 1, seed: int = 12345, final: bool = True,
+                 eval_logger: Callable | None = None, eval_aggregator: Callable | None = None):
+        if (eval_logger is None) != (eval_aggregator is None):
+            given = "eval_logger" if eval_logger is not None else "eval_aggregator"
+            missing = "eval_aggregator" if eval_logger is not None else "eval_logger"
+            warnings.warn(f"{given} is ignored without {missing}: custom evaluation metrics need both (as in "
+                          f"CoMLRL). Pass {missing}=... too.", UserWarning, stacklevel=2)
+        self.eval_logger = eval_logger
+        self.eval_aggregator = eval_aggregator
+        self._warned_no_completions = False
         self.eval_interval = eval_interval
         self.eval_num_samples = eval_num_samples
         self.samples_per_item = samples_per_item
@@ -56,6 +75,13 @@ class TaskRewardEvaluation(L.Callback):
         if not items:
             return {}
         metrics = pl_module.evaluate(items, dm, seed=self.seed, samples_per_item=self.samples_per_item)
+        if self.eval_logger is not None and self.eval_aggregator is not None:
+            if getattr(metrics, "completions", None) is None and not self._warned_no_completions:
+                self._warned_no_completions = True
+                warnings.warn(f"eval_logger/eval_aggregator: {type(pl_module).__name__}'s evaluation records no "
+                              "completions, so no custom evaluation metrics are logged.", UserWarning, stacklevel=2)
+            turns = int(getattr(args, "num_turns", 1) or 1)
+            metrics = {**metrics, **custom_eval_metrics(metrics, self.eval_logger, self.eval_aggregator, turns)}
         self.history.append((pl_module.updates_seen, metrics))
         log_metrics(trainer, metrics)
         rank_zero_info(f"[eval {label}] update {pl_module.updates_seen}: task reward "

@@ -125,7 +125,9 @@ class IterativePreferenceCollection(L.Callback):
             "round/candidate_reward_mean": total.reward_mean,
         }
         self.history.append(metrics)
-        log_metrics(trainer, metrics)
+        # CoMLRL's names of the same numbers, so existing dashboards keep working (docs/coming-from-comlrl.md)
+        log_metrics(trainer, {**metrics, "iter/current_iteration": round_index + 1,
+                              "iter/current_preference_pairs": total.num_pairs})
         rank_zero_info(f"Round {round_index}: {total.num_pairs} pairs from {total.num_items} items; win rate "
                        f"{metrics['round/win_rate']:.3f}, tie rate {metrics['round/tie_rate']:.3f}, mean reward "
                        f"{total.reward_mean:.4f}.")

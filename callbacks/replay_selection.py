@@ -63,7 +63,9 @@ class ReplaySelection(L.Callback):
         out = dm.commit_round(self.mode, sample_size=self.sample_size, k=self.k, lam=self.lam)
         metrics = {"round/total_pairs": out["total_pairs"], "round/replay_size": out["replay_size"]}
         self.history.append({"iteration": out["iteration"], **metrics})
-        log_metrics(trainer, metrics)
+        # CoMLRL's names (docs/coming-from-comlrl.md)
+        log_metrics(trainer, {**metrics, "iter/total_preference_pairs": out["total_pairs"],
+                              "iter/train_preference_pairs": out["replay_size"]})
         if out["replay_size"] == 0:
             rank_zero_info(f"MADPOIter: no replay preference pairs were available for iteration {out['iteration']} "
                            f"(current generated {out['num_pairs']}).")

@@ -151,6 +151,20 @@ def model_name_of(model: Any) -> str:
     return type(model).__name__
 
 
+def loadable_name_of(model: Any) -> str | None:
+    """The source a model object was loaded from (``config._name_or_path``) when it can be loaded again: an
+    existing local folder, ``embedded:tiny`` or a hub id (``org/name``); else None."""
+    import os
+    import re
+
+    name = getattr(getattr(model, "config", None), "_name_or_path", None)
+    if not isinstance(name, str) or not name:
+        return None
+    if name == TINY_MODEL_NAME or os.path.isdir(name) or re.fullmatch(r"[\w.-]+/[\w.-]+", name):
+        return name
+    return None
+
+
 @dataclass
 class AgentTeam:
     """The agents of one run.

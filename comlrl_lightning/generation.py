@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,6 +30,8 @@ class SamplingSettings:
     temperature: float = 0.6
     top_p: float = 0.6
     top_k: int | None = 50
+    extra: dict = field(default_factory=dict)
+    """Further ``generate`` keywords (CoMLRL's ``train(**kwargs)``); ``do_sample`` is always True."""
 
 
 class SamplingStream:
@@ -151,6 +153,7 @@ def sample_completions(
                 gen_kwargs["top_k"] = settings.top_k
             else:
                 gen_kwargs["top_k"] = 0
+            gen_kwargs.update({k: v for k, v in settings.extra.items() if k != "do_sample"})
             devices = [device] if device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(stream.next_seed())

@@ -77,7 +77,8 @@ class CompletionRequest:
 
 def default_key_env(fmt: str) -> str | None:
     """The environment variable holding the key when ``comparator_api_key_env`` is unset."""
-    return _ANTHROPIC_DEFAULT_KEY_ENV if fmt == "anthropic" else None
+    # anthropic and openai_responses read their vendor's usual variable, as CoMLRL does
+    return {"anthropic": _ANTHROPIC_DEFAULT_KEY_ENV, "openai_responses": "OPENAI_API_KEY"}.get(fmt)
 
 
 def chunk_sizes(

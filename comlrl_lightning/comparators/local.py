@@ -238,8 +238,19 @@ class ModelComparator(LocalComparator):
         tok = self.tokenizer
         if tok is None and not all(isinstance(s, str) for s in sources):
             tok = list(live.tokenizers)
-        team = build_agents(agents=sources, num_agents=n, tokenizer=tok, model_config=self.model_config)
-        self.loaded = _freeze(team, resolve_devices(self.devices, n, [_device_of(m) for m in live.models]))
+        devices = resolve_devices(self.devices, n, [_device_of(m) for m in live.models])
+        unique = list(dict.fromkeys(sources)) if all(isinstance(s, str) for s in sources) else sources
+        if tok is None and len(unique) < n and len(set(map(str, devices))) == 1:
+            # a frozen comparator: one loaded copy per distinct source serves every slot that names it (e.g. the
+            # centralized comparator from comparator_model_name loads one model, not num_agents copies)
+            once = build_agents(agents=unique, num_agents=len(unique), model_config=self.model_config)
+            by_source = {src: (once.models[i], once.tokenizers[i]) for i, src in enumerate(unique)}
+            team = build_agents(agents=[by_source[s][0] for s in sources], num_agents=n,
+                                tokenizer=[by_source[s][1] for s in sources])
+            team.names = list(sources)
+        else:
+            team = build_agents(agents=sources, num_agents=n, tokenizer=tok, model_config=self.model_config)
+        self.loaded = _freeze(team, devices)
 
     def team(self) -> AgentTeam:
         if self.loaded is None:

@@ -38,7 +38,8 @@ class CollaborationOptions:
     """Who writes which part of the joint response."""
 
     collaboration_mode: str = "decentralized"
-    """"decentralized" (one model per role). "centralized" (one model writing all roles) is not supported yet."""
+    """"decentralized" (one model per role) or "centralized" (one learner writing every role's output in one joint
+    text; MADPO only here)."""
 
 
 @dataclass
@@ -81,6 +82,7 @@ class MADPOConfig(OptimizerOptions, SeedOptions, PreferenceOptions, ReferenceKLO
 
     _allowed_pair_selection = ("reward_gap", "all", "random")
     _method = "MADPO"
+    _centralized_supported = True
 
     def __post_init__(self) -> None:
         self._validate_base()
@@ -90,9 +92,9 @@ class MADPOConfig(OptimizerOptions, SeedOptions, PreferenceOptions, ReferenceKLO
         if self.collaboration_mode not in ("decentralized", "centralized"):
             raise _bad("collaboration_mode must be decentralized or centralized.", self.collaboration_mode,
                        "decentralized, centralized")
-        if self.collaboration_mode == "centralized":
-            raise _bad("collaboration_mode='centralized' is not supported by comlrl-lightning yet.",
-                       self.collaboration_mode, "decentralized")
+        if self.collaboration_mode == "centralized" and not self._centralized_supported:
+            raise _bad(f"collaboration_mode='centralized' is supported by MADPO only in comlrl-lightning "
+                       f"({type(self).__name__} is not).", self.collaboration_mode, "decentralized")
         check_training_counts(self)
         check_train_batch_size(self)
         normalize_parallel_training(self)
@@ -159,6 +161,7 @@ class MADPOIterConfig(_IterativePreferenceOptions, MADPOConfig):
 
     _allowed_pair_selection = ("reward_gap", "all", "random", "comparator_reward")
     _method = "MADPOIter"
+    _centralized_supported = False
 
     def __post_init__(self) -> None:
         self._validate_base()

@@ -62,6 +62,8 @@ class PreferenceDataModule(L.LightningDataModule):
         num_agents: number of agents (checked against the module's team in ``setup``).
         batch_size: pairs per optimizer step (None = the module's ``args.train_batch_size``).
         seed: seed of the per-epoch shuffles (epoch e shuffles with ``seed + e``).
+        score_last_token: also score each completion's last token (centralized collaboration scores the full
+            joint completion; decentralized scoring drops it, docs/decisions.md, decision 3).
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class PreferenceDataModule(L.LightningDataModule):
         prompt_field: str = "prompt",
         batch_size: int | None = None,
         seed: int = 0,
+        score_last_token: bool = False,
     ):
         super().__init__()
         self.oracle, self.formatters, self.train_items, self.eval_items = load_task_setup(
@@ -85,6 +88,7 @@ class PreferenceDataModule(L.LightningDataModule):
             raise ValueError("train_dataset is empty: there is nothing to collect preferences on.")
         self.batch_size = batch_size
         self.seed = seed
+        self.score_last_token = score_last_token
         self.pairs: list[PreferencePair] = []
         self.tokenizers: list[Any] | None = None
 
@@ -158,7 +162,8 @@ class PreferenceDataModule(L.LightningDataModule):
             ids = [self.pair_token_ids(p, a) for p in pairs]  # (prompt, winner, loser), tokenized once
             prompts = [pr for pr, _, _ in ids] * 2
             comps = [w for _, w, _ in ids] + [lo for _, _, lo in ids]
-            agents.append(build_scoring_batch(prompts, comps, self.tokenizers[a].pad_token_id, drop_last=True))
+            agents.append(build_scoring_batch(prompts, comps, self.tokenizers[a].pad_token_id,
+                                              drop_last=not self.score_last_token))
         return {
             "agents": agents,
             "pair_index": torch.tensor(indices, dtype=torch.long),

@@ -37,6 +37,10 @@ class TaskDataModule(L.LightningDataModule):
         external_transition_options: when given, ``external_transition`` is a factory called with these
             keyword arguments (e.g. ``make_code_transition`` with ``{"mode": "level_feedback"}``). A transition
             with a ``register(items)`` method is given the train and eval items.
+        external: the code environment's ``external.*`` config keys as documented by CoMLRL (``mode``,
+            ``sandbox_slice``, ``original_prompt``, ``previous_response``, ``expert_model``, ...): the options of
+            ``external_transition`` (default :func:`~comlrl_lightning.envs.code.make_code_transition`); the same
+            as ``external_transition_options`` with CoMLRL's key names.
         num_agents: number of agents (checked against the module's team in ``setup``).
         prompt_field: the item field holding the raw prompt.
         shuffle: shuffle the items every epoch (upstream: no shuffle).
@@ -53,6 +57,7 @@ class TaskDataModule(L.LightningDataModule):
         external_transition: Callable | str | None = None,
         external_transition_options: dict | None = None,
         num_agents: int = 2,
+        external: dict | None = None,
         prompt_field: str = "prompt",
         shuffle: bool = False,
         seed: int = 0,
@@ -61,6 +66,13 @@ class TaskDataModule(L.LightningDataModule):
         self.oracle, self.formatters, self.train_items, self.eval_items = load_task_setup(
             train_dataset, eval_dataset, reward_func, reward_processor, formatters, num_agents, prompt_field)
         transition = resolve_callable(external_transition, "external_transition")
+        if external is not None:
+            if external_transition_options is not None:
+                raise ValueError("Give external (CoMLRL's keys) or external_transition_options, not both.")
+            from comlrl_lightning.envs.code.transitions import external_options, make_code_transition
+
+            external_transition_options = external_options(external)
+            transition = transition or make_code_transition
         if external_transition_options is not None:
             if transition is None:
                 raise ValueError("external_transition_options needs external_transition (a factory to call).")

@@ -132,7 +132,8 @@ class TeamModuleBase(L.LightningModule):
     # --- small interface used by callbacks ---------------------------------------------------------------
     def sampling_settings(self) -> SamplingSettings:
         a = self.args
-        return SamplingSettings(a.max_new_tokens, a.temperature, a.top_p, a.top_k)
+        return SamplingSettings(a.max_new_tokens, a.temperature, a.top_p, a.top_k,
+                                dict(getattr(self, "generation_kwargs", None) or {}))
 
     def use_train_oracle(self, oracle: Any) -> None:
         """Score training rollouts with ``oracle`` from now on (None: the data module's task reward)."""
@@ -145,10 +146,10 @@ class TeamModuleBase(L.LightningModule):
     @torch.no_grad()
     def evaluate(self, items: Sequence[dict], task: Any, seed: int = 12345, samples_per_item: int = 1) -> dict:
         """Single-turn task-reward evaluation of ``items`` (:func:`~comlrl_lightning.evaluation.evaluate_team`):
-        ``samples_per_item`` joint responses per item from fresh streams seeded with ``seed``, scored with
-        ``task.oracle`` (never the training oracle)."""
+        ``samples_per_item`` joint responses per item from fresh streams seeded with ``seed``, ``eval_batch_size``
+        items generated together, scored with ``task.oracle`` (never the training oracle)."""
         return evaluate_team(self.team, list(items), task.formatters, task.oracle, self.sampling_settings(), seed,
-                             samples_per_item)
+                             samples_per_item, batch_size=getattr(self.args, "eval_batch_size", None))
 
     def trainable_modules(self) -> list[nn.Module]:
         """Modules put in train mode at fit start (the agents' models; subclasses add critics)."""

@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.config import MADPOConfig, MADPOIterConfig
+from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import sequence_logps
 from comlrl_lightning.losses import madpo_loss, madpo_loss_detached_others
 from comlrl_lightning.modules.base import TeamModuleBase
@@ -48,6 +49,7 @@ class MADPOModule(TeamModuleBase):
         self.init_team(agent_model, agents, tokenizer, model_config, lora, optimizer, lr_scheduler)
         self.round_index = 0
         self._accum = 0
+        self._last_logged_progress: int | None = None  # the logging_steps gate
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
         # A round without training pairs serves one placeholder batch (an empty dataloader would end fit).
@@ -152,11 +154,23 @@ class MADPOModule(TeamModuleBase):
             metrics[f"train/agent{i}/rewards/margins"] = beta * stats["agent_margins"][i]
             metrics[f"train/agent{i}/logps/chosen"] = stats["chosen_logps"][i]
             metrics[f"train/agent{i}/logps/rejected"] = stats["rejected_logps"][i]
-        self.log_dict(metrics, batch_size=bsz, on_step=True, on_epoch=False)
+        if self._log_gate_passes():  # straight to the loggers: self.log would repeat stale values on gated steps
+            log_metrics(self.trainer, metrics)
         self.log("loss", loss.detach(), prog_bar=True, batch_size=bsz, logger=False)
         pairs = getattr(getattr(self.trainer, "datamodule", None), "pairs", None)
         if pairs is not None:
             self.log("pairs", float(len(pairs)), prog_bar=True, batch_size=bsz, logger=False)
+
+    def _log_gate_passes(self) -> bool:
+        """CoMLRL's ``logging_steps`` gate (docs/coming-from-comlrl.md): the first log passes, later ones need
+        ``logging_steps`` env steps since the last one (updates instead when ``use_environment_step`` is off,
+        where CoMLRL's frozen env_step would never log again)."""
+        progress = self.env_step if self.args.use_environment_step else self.updates_seen
+        last = self._last_logged_progress
+        if last is not None and progress - last < self.args.logging_steps:
+            return False
+        self._last_logged_progress = progress
+        return True
 
     # --- checkpoint ----------------------------------------------------------------------------------------
     def on_train_epoch_start(self) -> None:

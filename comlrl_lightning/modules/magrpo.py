@@ -35,7 +35,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.config import MAGRPOConfig
 from comlrl_lightning.data.tasks import format_prompts
-from comlrl_lightning.evaluation import with_turn_mean
+from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
 from comlrl_lightning.generation import Samples, SamplingStream, sample_completions
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
@@ -245,7 +245,10 @@ class MAGRPOModule(TeamModuleBase):
                     formatted = next_prompts(ext, item, formatters, self.args.external_prompt_passthrough,
                                              prompt_field)
                     prompts[p] = list(zip(formatted, ext))
-        out = {}
+        out = EvalMetrics()  # metrics, plus what was sampled for CoMLRL's eval_logger (one path per item and sample)
+        out.completions = [[r_hist[p][a] for p in range(len(paths))] for a in range(n)]
+        out.batch_items = [items[i] for i, _ in paths]
+        out.raw_prompts = [items[i].get(prompt_field, "") for i, _ in paths]
         for t in range(turns):
             out[f"eval/turn_{t + 1}/reward_mean"] = _mean(rewards[t])
             out[f"eval/turn_{t + 1}/expected_return"] = _mean(

@@ -37,12 +37,18 @@ ALGORITHM_NAMES = {"magrpo": "MAGRPO", "mareinforce": "MAREINFORCE", "maremax": 
 
 def default_reward_source(agent_model: Any, agents: Sequence[Any] | None) -> str | None:
     """The agents' model name when it is one string (the reward model's fallback source, docs/preference.md §8.2), else
-    None."""
+    None. Model objects count by the name they were loaded from, when it can be loaded again
+    (:func:`~comlrl_lightning.agents.loadable_name_of`; CoMLRL infers the name of model objects too)."""
+    from comlrl_lightning.agents import loadable_name_of
+
+    def name(a: Any) -> str | None:
+        return a if isinstance(a, str) else loadable_name_of(a)
+
     if agents is None:
-        return agent_model if isinstance(agent_model, str) else None
-    agents = list(agents)
-    if agents and all(isinstance(a, str) for a in agents) and len(set(agents)) == 1:
-        return agents[0]
+        return name(agent_model) if agent_model is not None else None
+    names = [name(a) for a in agents]
+    if names and None not in names and len(set(names)) == 1:
+        return names[0]
     return None
 
 
@@ -166,7 +172,8 @@ class MARLHFActorCriticModule(_SkipWithoutLearnedReward, ActorCriticModule):
             )
         backend = args.actor_critic_config()
         super().__init__(agent_model=agent_model, agents=agents, tokenizer=tokenizer, critic_model=critic_model,
-                         critics=critics, critic_model_name=args.critic_model_name if needs_critic else None,
+                         critics=critics, critic_model_name=(args.critic_model_name or default_reward_source(
+                             agent_model, agents)) if needs_critic else None,
                          model_config=model_config, lora=lora, args=backend, metrics_callback=metrics_callback,
                          optimizer=optimizer, lr_scheduler=lr_scheduler)
         self.marlhf_args = args

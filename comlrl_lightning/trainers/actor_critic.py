@@ -13,11 +13,13 @@ from typing import Any
 import lightning as L
 from torch import nn
 
-from comlrl_lightning.callbacks import TaskRewardEvaluation
 from comlrl_lightning.config import IACConfig, MAACConfig
 from comlrl_lightning.data.tasks_dm import TaskDataModule
 from comlrl_lightning.modules.actor_critic import ActorCriticModule
 from comlrl_lightning.trainers.base import TeamTrainer
+
+# CoMLRL's ``comlrl.trainers.actor_critic`` exports (docs/coming-from-comlrl.md); RolloutSample is internal here
+__all__ = ["ActorCriticTrainerBase", "IACConfig", "IACTrainer", "MAACConfig", "MAACTrainer"]
 
 
 class _ActorCriticTrainer(TeamTrainer):
@@ -48,6 +50,8 @@ class _ActorCriticTrainer(TeamTrainer):
         lora: dict | None = None,
         callbacks: Sequence[L.Callback] = (),
         trainer_kwargs: dict | None = None,
+        eval_logger: Callable | None = None,
+        eval_aggregator: Callable | None = None,
     ):
         self._init_args(args, agent_model, agents, reward_func, train_dataset)
         n = self.args.num_agents
@@ -69,7 +73,7 @@ class _ActorCriticTrainer(TeamTrainer):
             reward_processor=reward_processor, formatters=formatters, external_transition=external_transition,
             num_agents=n, seed=self.args.seed,
         )
-        self.evaluation = TaskRewardEvaluation()
+        self.evaluation = self._evaluation(bool(self.datamodule.eval_items), eval_logger, eval_aggregator)
         extra = [self.evaluation] if self.datamodule.eval_items else []
         self._init_trainer(self.args.num_train_epochs, [*extra, *callbacks], wandb_config, trainer_kwargs)
 
@@ -98,3 +102,7 @@ class MAACTrainer(_ActorCriticTrainer):
 
     config_cls = MAACConfig
     algorithm_name = "MAAC"
+
+
+ActorCriticTrainerBase = _ActorCriticTrainer
+"""CoMLRL's name of the shared IAC/MAAC trainer base."""

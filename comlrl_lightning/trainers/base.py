@@ -7,12 +7,15 @@ first and :meth:`TeamTrainer._init_trainer` last.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import lightning as L
 
 from comlrl_lightning.trainers.common import check_facade_inputs, sync_num_agents, trainer_kwargs_for
+
+_FIT_KEYWORDS = ("weights_only",)
 
 
 class TeamTrainer:
@@ -42,8 +45,9 @@ class TeamTrainer:
             raise TypeError(f"{type(self).__name__} needs args of type {accepted.__name__}; got "
                             f"{type(self.args).__name__}.")
         check_facade_inputs(agent_model, agents, reward_func, train_dataset)
-        if self.num_agents_from_agents:
-            sync_num_agents(self.args, agents, num_agents)
+        if self.num_agents_from_agents:  # centralized: args.num_agents is the role count, not len(agents)
+            centralized = getattr(self.args, "collaboration_mode", None) == "centralized"
+            sync_num_agents(self.args, None if centralized else agents, num_agents)
 
     def _init_trainer(self, max_epochs: int, callbacks: Iterable[L.Callback], wandb_config: dict | None,
                       trainer_kwargs: dict | None, **forced: Any) -> None:
@@ -63,8 +67,43 @@ class TeamTrainer:
         """The module's environment steps (samples per agent) so far."""
         return self.module.env_step
 
-    def train(self, ckpt_path: str | None = None, **fit_kwargs: Any) -> dict[str, float]:
-        """Fit (resuming from ``ckpt_path`` if given); returns the final callback metrics as floats."""
+    def _evaluation(self, has_eval: bool, eval_logger: Any = None, eval_aggregator: Any = None) -> Any:
+        """The task-reward evaluation callback (with CoMLRL's ``eval_logger``/``eval_aggregator``); without eval
+        data, every evaluation option or argument that was set warns once, naming it (nothing is silently
+        ignored)."""
+        from comlrl_lightning.callbacks import TaskRewardEvaluation
+
+        if not has_eval:
+            fields = getattr(type(self.args), "__dataclass_fields__", {})
+            for name in ("eval_batch_size",):  # eval_interval/eval_num_samples keep CoMLRL's defaults in most configs
+                if name in fields and getattr(self.args, name) != fields[name].default:
+                    warnings.warn(f"{type(self).__name__}: {name}={getattr(self.args, name)!r} has no effect "
+                                  "without an eval_dataset.", UserWarning, stacklevel=3)
+            for name, value in (("eval_logger", eval_logger), ("eval_aggregator", eval_aggregator)):
+                if value is not None:
+                    warnings.warn(f"{type(self).__name__}: {name} has no effect without an eval_dataset.",
+                                  UserWarning, stacklevel=3)
+        elif getattr(self.args, "num_turns", 1) > 1 and getattr(self.args, "eval_batch_size", 1) != 1:
+            warnings.warn(f"{type(self).__name__}: eval_batch_size={self.args.eval_batch_size} has no effect with "
+                          f"num_turns={self.args.num_turns}: multi-turn evaluation rolls out one item at a time "
+                          "(as CoMLRL).", UserWarning, stacklevel=3)
+        return TaskRewardEvaluation(eval_logger=eval_logger, eval_aggregator=eval_aggregator)
+
+    def _unused_transition(self, external_transition: Any) -> None:
+        """CoMLRL's preference trainers accept ``external_transition`` but support ``num_turns=1`` only, where
+        no transition is ever called: accepted, with a warning that says so."""
+        if external_transition is not None:
+            warnings.warn(f"{type(self).__name__}: external_transition has no effect: preference trainers run "
+                          f"num_turns=1 (as in CoMLRL), so no transition is called.", UserWarning, stacklevel=3)
+
+    def train(self, ckpt_path: str | None = None, **kwargs: Any) -> dict[str, float]:
+        """Fit (resuming from ``ckpt_path`` if given); returns the final callback metrics as floats.
+
+        As in CoMLRL, the other keyword arguments are forwarded to ``generate`` in every sampling call
+        (``do_sample`` excepted); ``weights_only`` still goes to ``Trainer.fit``."""
+        fit_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _FIT_KEYWORDS}
+        if kwargs:
+            self.module.generation_kwargs = dict(kwargs)
         self.trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt_path, **fit_kwargs)
         return {k: float(v) for k, v in self.trainer.callback_metrics.items()}
 

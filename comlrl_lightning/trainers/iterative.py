@@ -19,7 +19,6 @@ from comlrl_lightning.callbacks import (
     IterativePreferenceCollection,
     ReplaySelection,
     RewardDistributionLogger,
-    TaskRewardEvaluation,
 )
 from comlrl_lightning.comparators.local import build_comparator
 from comlrl_lightning.config import MADPOIterConfig
@@ -74,8 +73,12 @@ class MADPOIterTrainer(TeamTrainer):
         callbacks: Sequence[L.Callback] = (),
         trainer_kwargs: dict | None = None,
         wandb_config: dict | None = None,
+        external_transition: Callable | None = None,
+        eval_logger: Callable | None = None,
+        eval_aggregator: Callable | None = None,
     ):
         self._init_args(args, agent_model, agents, reward_func, train_dataset, num_agents)
+        self._unused_transition(external_transition)
         if self.args.log_reward_distribution:
             resolve_reward_range(reward_func)  # checked at construction, as upstream
         self.module = MADPOModule(agent_model=agent_model, agents=agents, tokenizer=tokenizer,
@@ -88,7 +91,8 @@ class MADPOIterTrainer(TeamTrainer):
             seed=self.args.seed, comparator=self.comparator,
         )
         self.round_callbacks = round_callbacks(self.args)
-        extra = [TaskRewardEvaluation()] if evaluation else []
+        extra = ([self._evaluation(bool(self.datamodule.eval_items), eval_logger, eval_aggregator)]
+                 if evaluation else [])
         self._init_trainer(self.args.num_iterations * self.args.num_train_epochs,
                            [*self.round_callbacks, *extra, *callbacks], wandb_config, trainer_kwargs,
                            reload_dataloaders_every_n_epochs=1)

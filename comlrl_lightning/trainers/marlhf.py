@@ -31,8 +31,8 @@ from comlrl_lightning.callbacks import (
     IterativeRewardModelFit,
     LearnedRewardFit,
     ReplaySelection,
+    RewardDistributionLogger,
     ScoredPreferenceCollection,
-    TaskRewardEvaluation,
 )
 from comlrl_lightning.config import MARLHFConfig, MARLHFIterConfig
 from comlrl_lightning.modules.marlhf import build_marlhf_module, default_reward_source
@@ -88,8 +88,13 @@ class MARLHFTrainer(TeamTrainer):
         callbacks: Sequence[L.Callback] = (),
         trainer_kwargs: dict | None = None,
         wandb_config: dict | None = None,
+        external_transition: Callable | None = None,
+        eval_logger: Callable | None = None,
+        eval_aggregator: Callable | None = None,
     ):
         self._init_args(args, agent_model, agents, reward_func, train_dataset, num_agents)
+        self._unused_transition(external_transition)
+        self._check_reward_distribution(reward_func)
         _check_reward_source(agent_model, agents, self.args, reward_model)
         ac = {"critic_model": critic_model, "critics": critics, "metrics_callback": metrics_callback}
         self.module = build_marlhf_module(
@@ -97,12 +102,16 @@ class MARLHFTrainer(TeamTrainer):
             model_config=model_config, lora=lora, **{k: v for k, v in ac.items() if v is not None})
         self.datamodule = self._datamodule(train_dataset, eval_dataset, reward_func, reward_processor, formatters)
         self.round_callbacks = self._round_callbacks(reward_model, reward_val_fraction)
-        self.evaluation = TaskRewardEvaluation() if evaluation else None
+        self.evaluation = (self._evaluation(bool(self.datamodule.eval_items), eval_logger, eval_aggregator)
+                           if evaluation else None)
         extra = [self.evaluation] if self.evaluation is not None and self.datamodule.eval_items else []
         self._init_trainer(self._max_epochs(), [*self.round_callbacks, *extra, *callbacks], wandb_config,
                            trainer_kwargs, **self._forced_trainer_kwargs())
 
     # --- the parts that differ between MARLHF and MARLHFIter ---------------------------------------------
+    def _check_reward_distribution(self, reward_func: Any) -> None:
+        """MARLHF has no rounds, so no reward distributions (MARLHFIter overrides this)."""
+
     def _datamodule(self, train_dataset, eval_dataset, reward_func, reward_processor, formatters):
         from comlrl_lightning.data.tasks_dm import TaskDataModule
 
@@ -162,7 +171,14 @@ class MARLHFIterTrainer(MARLHFTrainer):
         cbs: list[L.Callback] = []
         if args.policy_checkpoint_dir is not None or args.comparator_policy == "history":
             cbs.append(HistoryCheckpoint())
-        return [*cbs, ComparatorRefresh(), self.collection, ReplaySelection(), self.reward_fit]
+        extra: list[L.Callback] = [RewardDistributionLogger()] if args.log_reward_distribution else []
+        return [*cbs, ComparatorRefresh(), self.collection, ReplaySelection(), *extra, self.reward_fit]
+
+    def _check_reward_distribution(self, reward_func: Any) -> None:
+        if self.args.log_reward_distribution:
+            from comlrl_lightning.distributions import resolve_reward_range
+
+            resolve_reward_range(reward_func)  # checked at construction, as upstream and MADPOIter
 
     def _max_epochs(self) -> int:
         return self.args.num_iterations * self.args.num_train_epochs

@@ -12,11 +12,14 @@ from typing import Any
 
 import lightning as L
 
-from comlrl_lightning.callbacks import TaskRewardEvaluation
 from comlrl_lightning.config import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
 from comlrl_lightning.data.tasks_dm import TaskDataModule
 from comlrl_lightning.modules.magrpo import MAGRPOModule, check_transition
 from comlrl_lightning.trainers.base import TeamTrainer
+
+# CoMLRL's ``comlrl.trainers.reinforce`` exports (docs/coming-from-comlrl.md)
+__all__ = ["MAGRPOConfig", "MAGRPOTrainer", "MAREINFORCEConfig", "MAREINFORCETrainer", "MAReMaxConfig",
+           "MAReMaxTrainer", "MARLOOConfig", "MARLOOTrainer"]
 
 
 class MAGRPOTrainer(TeamTrainer):
@@ -54,6 +57,8 @@ class MAGRPOTrainer(TeamTrainer):
         lora: dict | None = None,
         callbacks: Sequence[L.Callback] = (),
         trainer_kwargs: dict | None = None,
+        eval_logger: Callable | None = None,
+        eval_aggregator: Callable | None = None,
     ):
         self._init_args(args, agent_model, agents, reward_func, train_dataset, num_agents)
         check_transition(self.args, external_transition, self.algorithm_name)
@@ -65,7 +70,7 @@ class MAGRPOTrainer(TeamTrainer):
             reward_processor=reward_processor, formatters=formatters, external_transition=external_transition,
             num_agents=self.args.num_agents, seed=self.args.seed,
         )
-        self.evaluation = TaskRewardEvaluation()
+        self.evaluation = self._evaluation(bool(self.datamodule.eval_items), eval_logger, eval_aggregator)
         self._init_trainer(self.args.num_train_epochs, [self.evaluation, *callbacks], wandb_config, trainer_kwargs)
 
 

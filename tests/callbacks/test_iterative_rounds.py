@@ -146,3 +146,13 @@ def test_replay_options_without_replay_selection_are_refused(tiny_model_dir, tmp
                         **cpu_trainer_kwargs(default_root_dir=str(tmp_path)))
     with pytest.raises(ValueError, match="preference_replay_mode='lambda_decay'.*no ReplaySelection"):
         trainer.fit(module, datamodule=dm)
+
+
+def test_comlrl_iter_metric_keys_are_logged_next_to_round_keys(tiny_model_dir, tmp_path):
+    # CoMLRL's dashboards read iter/* (docs/coming-from-comlrl.md, "Metric keys")
+    tr = make_trainer(tiny_model_dir, tmp_path)
+    metrics = tr.train()
+    assert metrics["iter/current_iteration"] == 2  # 1-based, the last round
+    assert metrics["iter/current_preference_pairs"] == metrics["round/num_pairs"]
+    assert metrics["iter/total_preference_pairs"] == metrics["round/total_pairs"]
+    assert metrics["iter/train_preference_pairs"] == metrics["round/replay_size"]

@@ -128,6 +128,9 @@ def test_base_validation_errors(cls, kwargs, option, value, opening):
         pytest.skip("comparator_reward is valid for the iterative config")
     if cls is MADPOIterConfig and kwargs == {"pair_selection": "all"}:
         value = 4  # the iterative default limit
+    if cls is MADPOConfig and kwargs == {"collaboration_mode": "centralized"}:
+        assert cls(**kwargs).collaboration_mode == "centralized"  # MADPO has centralized collaboration
+        return
     with pytest.raises(ValueError) as err:
         cls(**kwargs)
     msg = str(err.value)

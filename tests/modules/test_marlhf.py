@@ -168,6 +168,8 @@ def test_model_objects_without_reward_model_name_fail_clearly(tiny_model_dir):
     from comlrl_lightning.trainers.marlhf import MARLHFTrainer
 
     models = [AutoModelForCausalLM.from_pretrained(tiny_model_dir) for _ in range(2)]
+    for m in models:  # objects whose source cannot be loaded again (loadable names are used: test_dropin_smaller)
+        m.config._name_or_path = ""
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     with pytest.raises(ValueError, match="reward_model_name must be provided when agent models are objects"):
         MARLHFTrainer(agents=models, tokenizer=tok, train_dataset=load_task_items("builtin:cooperative")[:2],
@@ -282,10 +284,12 @@ def test_evaluation_scores_with_the_task_reward_not_the_learned_one(tiny_model_d
     dm = tr.datamodule
     settings = tr.module.sampling_settings()
     # Recompute the final evaluation: same seeded streams, same (final) policies, task reward.
-    task = evaluate_team(tr.team, eval_items[:3], dm.formatters, dm.oracle, settings, 12345, 1)["eval/reward_mean"]
+    bs = tr.module.args.eval_batch_size  # items generated together, as the evaluation did
+    task = evaluate_team(tr.team, eval_items[:3], dm.formatters, dm.oracle, settings, 12345, 1,
+                         batch_size=bs)["eval/reward_mean"]
     assert metrics["eval/reward_mean"] == pytest.approx(task, abs=1e-6)
     learned = evaluate_team(tr.team, eval_items[:3], dm.formatters, tr.module.train_oracle, settings, 12345,
-                            1)["eval/reward_mean"]
+                            1, batch_size=bs)["eval/reward_mean"]
     assert learned < 0 <= task and metrics["eval/reward_mean"] != pytest.approx(learned)
     assert metrics["turn_1/reward_mean"] < 0  # training saw the stub's rewards
 

@@ -15,7 +15,15 @@ from its last ``def``, but ``level_feedback`` then raises: it cannot run tests i
 
 Modes (case-insensitive; aliases of the spec): ``plain``; ``level_feedback`` | ``feedback``;
 ``expert_edits`` | ``expert`` | ``edits``. ``level_passed``/``signals``/``passed`` are not
-implemented and raise ValueError.
+implemented and raise ValueError. :func:`external_options` maps CoMLRL's ``external.*`` config keys
+(``mode``, ``original_prompt``, ``previous_response``, ...) onto these options.
+
+Follow-up prompts of ``plain`` and ``expert_edits`` show the agent its own previous code; ``plain`` and
+``level_feedback`` add the prompt/response history when the trainer passes it (``include_history``).
+``expert_edits`` without ``client``/``expert_url`` uses the default expert, ``deepseek-coder``, at its
+OpenAI-compatible endpoint with the key from ``DEEPSEEK_API_KEY`` (``expert_model`` names another backend:
+"claude" → Anthropic with ``ANTHROPIC_API_KEY``, "qwen3-coder" → DashScope with ``DASHSCOPE_API_KEY``, anything
+else → an OpenAI-compatible endpoint from ``EXPERT_API_URL`` with the key from ``EXPERT_API_KEY``).
 
 The prompts are meant to be used as they are (``external_prompt_passthrough=True``, or the
 formatters of :mod:`comlrl_lightning.envs.code.prompts`, which pass them through).
@@ -143,7 +151,8 @@ class CodeTransition:
     sandbox options (``memory_mb``, ...).
     ``expert_edits``: ``client`` (``client(messages: list[dict]) -> str``), or ``expert_url`` with
     ``expert_model``, ``expert_format`` ("openai", "anthropic", "openai_responses", "generic") and
-    ``expert_key_env`` to use the project's HTTP client; ``max_retries`` (3).
+    ``expert_key_env`` to use the project's HTTP client, or nothing (the default expert, see the module
+    docstring); ``max_retries`` (3). ``previous_response_flag`` also shows the previous code here.
     """
 
     def __init__(
@@ -161,16 +170,16 @@ class CodeTransition:
         max_retries: int = 3,
         expert_url: str | None = None,
         expert_model: str | None = None,
-        expert_format: str = "openai",
+        expert_format: str | None = None,
         expert_key_env: str | None = None,
         **sandbox_options,
     ) -> None:
-        if client is None and expert_url:
-            from comlrl_lightning.envs.code.expert import make_expert_client
-
-            client = make_expert_client(expert_url, format=expert_format, model=expert_model,
-                                        key_env=expert_key_env)
         self.mode = normalize_mode(mode)
+        if client is None and (expert_url or self.mode == "expert_edits"):
+            from comlrl_lightning.envs.code.expert import default_expert, make_expert_client
+
+            url, fmt, key_env, model = default_expert(expert_model, expert_url, expert_format, expert_key_env)
+            client = make_expert_client(url, format=fmt, model=model, key_env=key_env)
         self.sandbox_slice = parse_sandbox_slice(sandbox_slice)
         self.timeout_s = float(timeout_s)
         self.max_timeouts = int(max_timeouts)
@@ -260,7 +269,7 @@ class CodeTransition:
         ctx = self.resolve(prompt)
         aux_text, main_text = (c if isinstance(c, str) else "" for c in agent_completions)
         if self.mode == "plain":
-            prompts = self._plain(ctx, aux_text, main_text)
+            prompts = self._plain(ctx, aux_text, main_text, prompt_history_per_agent, response_history_per_agent)
         elif self.mode == "level_feedback":
             prompts = self._level_feedback(
                 ctx, aux_text, main_text, prompt_history_per_agent, response_history_per_agent
@@ -273,7 +282,7 @@ class CodeTransition:
         return prompts
 
     # plain --------------------------------------------------------------------------------
-    def _plain(self, ctx: dict, aux_text: str, main_text: str) -> list[str]:
+    def _plain(self, ctx: dict, aux_text: str, main_text: str, prompt_history=None, response_history=None) -> list[str]:
         entry = ctx["entry_point"] or "main"
         analysis = analyze(aux_text, main_text, entry, ctx["prompt"])
         out = []
@@ -282,6 +291,10 @@ class CodeTransition:
             if self.original_prompt_flag and ctx["entry_point"]:
                 item = {"prompt": ctx["prompt"], "entry_point": ctx["entry_point"]}
                 parts.append(aux_prompt(item) if role == "aux" else main_prompt(item))
+            if self.include_history:
+                history = _history_section(0 if role == "aux" else 1, role, prompt_history, response_history)
+                if history:
+                    parts.append("\n".join(history).rstrip())
             if self.previous_response_flag:
                 label = f"{AUX_NAME}(...)" if role == "aux" else "main"
                 parts.append(f"Your previous {label} implementation:\n{src or '<no implementation found>'}")
@@ -366,6 +379,10 @@ class CodeTransition:
                 text = aux_prompt(item) if role == "aux" else main_prompt(item)
             else:
                 text = ctx["prompt"]
+            if self.previous_response_flag:  # the agent sees what it wrote, as in plain mode
+                src = analysis.aux_src if role == "aux" else analysis.main_src
+                label = f"{AUX_NAME}(...)" if role == "aux" else f"{entry}(...)"
+                text += f"\n\nYour previous {label} implementation:\n{src or '<no implementation found>'}"
             if feedback:
                 text += "\n\nHere is the feedback from an expert:\n" + feedback
             out.append(text)
@@ -435,6 +452,16 @@ def _aux_usage_lines(analysis: CodeAnalysis) -> list[str]:
             f"- Warning: {entry} is a thin wrapper around {AUX_NAME}(...); add real logic of its own."
         )
     return lines
+
+
+#: CoMLRL's ``external.*`` config keys that are named differently here
+_EXTERNAL_KEYS = {"original_prompt": "original_prompt_flag", "previous_response": "previous_response_flag"}
+
+
+def external_options(external: Mapping) -> dict:
+    """:func:`make_code_transition` options from CoMLRL's ``external`` config section (``mode``,
+    ``sandbox_slice``, ``original_prompt``, ``previous_response``, ``expert_model``, ...)."""
+    return {_EXTERNAL_KEYS.get(k, k): v for k, v in dict(external).items()}
 
 
 def make_code_transition(mode: str = "level_feedback", **options) -> CodeTransition:

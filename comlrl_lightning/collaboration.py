@@ -1,0 +1,73 @@
+"""Centralized collaboration (``collaboration_mode="centralized"``, docs/coming-from-comlrl.md): one learner
+writes every role's output in one joint text.
+
+The learner sees one prompt per task item, ``adapter.build_prompt(item, [role prompts])``, and its joint
+completion is kept verbatim for learning (pairs, replay files and scoring hold the raw joint text). The task
+reward parses the joint text back into one output per role with the same adapter and calls the user's reward
+function on them exactly as a decentralized team's outputs. The default adapter is CoMLRL's tagged
+``<agent_i>`` format (:class:`~comlrl_lightning.comparators.centralized.TaggedCentralizedComparatorAdapter`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from comlrl_lightning.comparators.centralized import CentralizedComparatorParseError
+from comlrl_lightning.rewards import call_reward_function
+
+
+class CentralizedPrompt:
+    """The single learner's formatter: the adapter's joint prompt over every role's own prompt."""
+
+    def __init__(self, adapter: Any, role_formatters: Sequence[Callable[[dict], str]]):
+        self.adapter = adapter
+        self.role_formatters = list(role_formatters)
+
+    def __call__(self, item: dict) -> str:
+        prompt = self.adapter.build_prompt(item, [f(item) for f in self.role_formatters])
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("Centralized adapter must build a non-empty prompt.")
+        return prompt
+
+
+class CentralizedReward:
+    """The task reward of a joint text: parse it into one output per role (an unparsable text counts as empty
+    outputs), then call ``reward_func`` with the roles' outputs, the first role's prompt and the item. Exposes the
+    user function's ``reward_range``."""
+
+    def __init__(self, adapter: Any, reward_func: Callable, role_formatters: Sequence[Callable[[dict], str]]):
+        self.adapter = adapter
+        self.reward_func = reward_func
+        self.role_formatters = list(role_formatters)
+        if hasattr(reward_func, "reward_range"):
+            self.reward_range = reward_func.reward_range
+
+    def split(self, text: str, item: Any) -> list[str]:
+        """One output per role (R empty strings when the text has no parsable section)."""
+        roles = len(self.role_formatters)
+        try:
+            outputs = self.adapter.parse_completion(text, item, roles)
+        except CentralizedComparatorParseError:
+            return [""] * roles
+        if isinstance(outputs, (str, bytes)) or not isinstance(outputs, Sequence):
+            raise ValueError("Centralized adapter must return a sequence of strings.")
+        if len(outputs) != roles:
+            raise ValueError("Centralized adapter must return exactly R outputs.")
+        if not all(isinstance(o, str) for o in outputs):
+            raise ValueError("Centralized adapter outputs must all be strings.")
+        return list(outputs)
+
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], batch_items: Sequence[dict] | None = None
+                 ) -> list[float]:
+        if batch_items is None:
+            raise ValueError("Centralized task rewards require batch_items.")
+        rewards = []
+        for text, item in zip(completions, batch_items):
+            outputs = self.split(text, item)
+            values = call_reward_function(self.reward_func, [self.role_formatters[0](item)], [[o] for o in outputs],
+                                          [item])
+            if len(values) != 1:
+                raise ValueError("Centralized task reward must return one joint reward.")
+            rewards.append(values[0])
+        return rewards
