@@ -159,3 +159,30 @@ def load_task_setup(train_dataset: Any, eval_dataset: Any, reward_func: Any, rew
     train_items = load_task_items(train_dataset, "train")
     eval_items = load_task_items(eval_dataset, "test") if eval_dataset is not None else []
     return oracle, formatters, train_items, eval_items
+
+
+def eval_batches(datamodule: Any) -> Any:
+    """The ``val_dataloader`` / ``test_dataloader`` of the task data modules: all ``eval_items`` as one batch
+    (the module's ``validation_step`` scores them with the task reward). Empty while fitting: evaluation during
+    fit is the ``TaskRewardEvaluation`` callback's, and an empty loader makes Lightning skip its val loop."""
+    trainer = getattr(datamodule, "trainer", None)
+    if trainer is not None and trainer.state.fn == "fit":
+        return []
+    items = list(datamodule.eval_items or [])
+    if not items:
+        raise ValueError("validate/test evaluate the team on the data module's eval_dataset, which is empty. "
+                         "Set data.init_args.eval_dataset (e.g. builtin:cooperative_eval).")
+    return _OneBatch(items)
+
+
+class _OneBatch:
+    """An iterable yielding ``items`` as a single batch (a plain list would read as a list of loaders)."""
+
+    def __init__(self, items: list):
+        self.items = items
+
+    def __iter__(self):
+        yield self.items
+
+    def __len__(self) -> int:
+        return 1
