@@ -299,7 +299,8 @@ def build_agents(
     """Resolve the agents of a run.
 
     * ``agent_model``: one hub id / local path / ``embedded:tiny`` loaded ``num_agents`` times
-      (independent copies), or an exported team folder (``agent_{i}/`` subfolders: agent i loads its own), or, with ``lora``, once as a frozen base carrying one adapter per agent.
+      (independent copies; an exported team folder with ``agent_{i}/`` subfolders gives agent i its own), or,
+      with ``lora``, once as a frozen base carrying one adapter per agent.
     * ``agents``: a list of ids, paths or model objects (heterogeneous allowed; a repeated object shares
       its weights between agents).
     * ``tokenizer``: None (load one per string source), one tokenizer for all, or one per agent.

@@ -11,7 +11,7 @@
   (plain types: checkpoints are loaded ``weights_only``); subclasses extend :meth:`progress_state`;
 * agent export (:meth:`save_agents`): ``output_dir/agent_{i}/`` per agent;
 * ``validate`` / ``test`` (``comlrl-lightning validate --config X``): the data module's ``eval_items`` (its
-  ``val_dataloader``; the first ``args.eval_num_samples`` are used), scored with the task reward through :meth:`evaluate`,
+  ``val_dataloader``; the first ``args.eval_num_samples``), scored with the task reward through :meth:`evaluate`,
   logged as ``val/...`` / ``test/...`` (e.g. ``val/reward_mean``); ``predict`` is refused with a message;
 * the rest of the ``TeamModule`` protocol of :mod:`comlrl_lightning.protocols` that callbacks call:
   :meth:`evaluate` (single-turn task-reward evaluation; multi-turn modules override it) and
