@@ -175,6 +175,11 @@ def eval_batches(datamodule: Any) -> Any:
     return _OneBatch(items)
 
 
+PREDICT_REFUSED = ("predict is not supported for team training: use `comlrl-lightning validate` (or `test`) to "
+                   "evaluate a team on eval_dataset with the task reward, e.g. `comlrl-lightning validate --config "
+                   "<config> --model.init_args.agent_model=<run>/agents`.")
+
+
 class _OneBatch:
     """An iterable yielding ``items`` as a single batch (a plain list would read as a list of loaders)."""
 

@@ -14,7 +14,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from comlrl_lightning.data.tasks import IndexedList, eval_batches, load_task_setup, resolve_callable
+from comlrl_lightning.data.tasks import PREDICT_REFUSED, IndexedList, eval_batches, load_task_setup, resolve_callable
 
 
 def _collate(batch: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
@@ -89,6 +89,9 @@ class TaskDataModule(L.LightningDataModule):
     def test_dataloader(self) -> Any:
         """As :meth:`val_dataloader` (``comlrl-lightning test``)."""
         return eval_batches(self)
+
+    def predict_dataloader(self) -> Any:
+        raise NotImplementedError(PREDICT_REFUSED)
 
     def train_dataloader(self) -> DataLoader:
         epoch = self.trainer.current_epoch if self.trainer is not None else 0

@@ -32,6 +32,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from comlrl_lightning.agents import AgentTeam, build_agents
+from comlrl_lightning.data.tasks import PREDICT_REFUSED
 from comlrl_lightning.evaluation import evaluate_team
 from comlrl_lightning.generation import SamplingSettings
 
@@ -121,8 +122,7 @@ class TeamModuleBase(L.LightningModule):
         return self._evaluate_step(batch, "test/")
 
     def predict_step(self, batch: Any, batch_idx: int) -> Any:
-        raise NotImplementedError("predict is not supported for team modules: use `comlrl-lightning validate` "
-                                  "or `comlrl-lightning test` to evaluate a team on eval_dataset.")
+        raise NotImplementedError(PREDICT_REFUSED)
 
     def trainable_modules(self) -> list[nn.Module]:
         """Modules put in train mode at fit start (the agents' models; subclasses add critics)."""
