@@ -59,12 +59,15 @@ def model_card(pl_module: L.LightningModule, trainer: L.Trainer, agent: int, age
     """The ``README.md`` of ``agent_{i}/``: algorithm, config, data, reward, metrics, how to load."""
     dm = trainer.datamodule
     hp = dict(getattr(dm, "hparams", {}) or {}) if dm is not None else {}
+    config = run / "config.yaml"
+    if config.exists():  # the CLI's saved config names the data as the user wrote it
+        data = (yaml.safe_load(config.read_text()) or {}).get("data") or {}
+        hp = {**(data.get("init_args") or {}), **hp}
     oracle = getattr(dm, "oracle", None)
     reward = _name_of(getattr(oracle, "reward_func", None) or hp.get("reward_func"))
     learned = getattr(pl_module, "train_oracle", None) is not None
     metrics = {k: float(v) for k, v in sorted(trainer.callback_metrics.items())
                if k.startswith(("eval/", "round/")) and getattr(v, "numel", lambda: 1)() == 1}
-    config = run / "config.yaml"
     lines = [
         f"# agent_{agent} — {type(pl_module).__name__}",
         "",
@@ -82,7 +85,7 @@ def model_card(pl_module: L.LightningModule, trainer: L.Trainer, agent: int, age
                                          if learned else ""),
         "",
         "## Metrics at the end of training",
-        *([f"- `{k}`: {v:.4f}" for k, v in metrics.items()] or ["- (no eval/* or round/* metric was logged)"]),
+        *([f"- `{k}`: {v:.4g}" for k, v in metrics.items()] or ["- (no eval/* or round/* metric was logged)"]),
         "",
         "## Config (`args`)",
         "```yaml",

@@ -167,7 +167,10 @@ def eval_batches(datamodule: Any) -> Any:
     fit is the ``TaskRewardEvaluation`` callback's, and an empty loader makes Lightning skip its val loop."""
     trainer = getattr(datamodule, "trainer", None)
     if trainer is not None and trainer.state.fn == "fit":
-        return []
+        import warnings
+
+        warnings.filterwarnings("ignore", message="Total length of `_OneBatch` across ranks is zero")
+        return _OneBatch([], batches=0)
     items = list(datamodule.eval_items or [])
     if not items:
         raise ValueError("validate/test evaluate the team on the data module's eval_dataset, which is empty. "
@@ -183,11 +186,13 @@ PREDICT_REFUSED = ("predict is not supported for team training: use `comlrl-ligh
 class _OneBatch:
     """An iterable yielding ``items`` as a single batch (a plain list would read as a list of loaders)."""
 
-    def __init__(self, items: list):
+    def __init__(self, items: list, batches: int = 1):
         self.items = items
+        self.batches = batches
 
     def __iter__(self):
-        yield self.items
+        if self.batches:
+            yield self.items
 
     def __len__(self) -> int:
-        return 1
+        return self.batches
