@@ -101,7 +101,9 @@ def format_prompts(items: Sequence[dict], formatters: Sequence[Callable[[dict], 
             except KeyError as exc:
                 raise ValueError(
                     f"Dataset item {offset + k} has no field {exc.args[0]!r} (needed by agent {a}'s prompt; "
-                    f"item keys: {sorted(item)}). Add the field or pass formatters."
+                    f"item keys: {sorted(item)}). Name the field holding the prompt with data.prompt_field "
+                    f"(the data module's prompt_field, now {prompt_field!r}; e.g. --data.init_args.prompt_field="
+                    f"{sorted(item)[0] if item else 'question'}), add the field, or pass formatters."
                 ) from exc
             if not isinstance(text, str) or not text:
                 raise ValueError(
