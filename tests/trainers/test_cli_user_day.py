@@ -159,3 +159,31 @@ def test_fit_help_lists_our_modules_and_docstrings(capsys):
     with pytest.raises(SystemExit):
         main(["fit", "--model", "MADPOModule", "--model.args.help", "MADPOConfig"])
     assert "Sampling temperature for generation and evaluation." in capsys.readouterr().out
+
+
+def test_callback_metrics_share_the_step_axis_of_training_metrics(run):
+    import csv
+
+    rows = list(csv.DictReader(open(run / "version_0" / "metrics.csv")))
+    train = [int(r["step"]) for r in rows if r.get("train/loss")]
+    evals = [int(r["step"]) for r in rows if r.get("eval/reward_mean")]
+    # one step per update (not one per optimizer step of each of the 2 agents): the final evaluation comes
+    # right after the last update
+    assert evals[0] == 0 and evals[-1] == train[-1] + 1
+
+
+CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem + "@" + p.parent.name for p in CONFIGS])
+def test_every_config_exports_into_the_run_folder_and_logs_every_update(path):
+    cfg = yaml.safe_load(path.read_text())
+    trainer = cfg["trainer"]
+    callbacks = trainer.get("callbacks") or []
+    export = [c for c in callbacks if c["class_path"].endswith("ExportAgents")]
+    assert len(export) == 1 and "output_dir" not in (export[0].get("init_args") or {})
+    assert trainer.get("log_every_n_steps") == 1
+    if "num_iterations" in (cfg["model"]["init_args"].get("args") or {}):  # iterative: a checkpoint per round
+        assert trainer["enable_checkpointing"] is True
+        ckpt = [c for c in callbacks if c["class_path"].endswith("ModelCheckpoint")]
+        assert ckpt and ckpt[0]["init_args"]["save_on_train_epoch_end"] is True
