@@ -187,3 +187,26 @@ def test_every_config_exports_into_the_run_folder_and_logs_every_update(path):
         assert trainer["enable_checkpointing"] is True
         ckpt = [c for c in callbacks if c["class_path"].endswith("ModelCheckpoint")]
         assert ckpt and ckpt[0]["init_args"]["save_on_train_epoch_end"] is True
+
+
+@pytest.mark.parametrize("name", ["madpo/iterative_tiny.yaml", "marlhf/iterative_tiny.yaml"])
+def test_iterative_printed_config_is_plain_yaml(name, capsys):
+    from comlrl_lightning.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", "--config", str(ROOT / "configs" / name), "--print_config"])
+    assert exc.value.code == 0
+    printed = capsys.readouterr().out
+    assert "Unable to serialize" not in printed
+    assert any(c["class_path"].endswith("ReplaySelection") for c in yaml.safe_load(printed)["trainer"]["callbacks"])
+
+
+def test_every_config_class_dumps_to_safe_yaml():
+    import comlrl_lightning.config as config
+    from comlrl_lightning.reward_model import RewardModelOptions
+
+    for cls in (config.MADPOConfig, config.MADPOIterConfig, config.MAGRPOConfig, config.IACConfig, config.MAACConfig,
+                config.MARLHFConfig, config.MARLHFIterConfig, RewardModelOptions):
+        args = cls()
+        loaded = yaml.safe_load(yaml.dump({"args": args}))  # what Lightning's hparams.yaml writer does
+        assert loaded["args"]["seed" if hasattr(args, "seed") else "reward_learning_rate"] is not None
