@@ -88,6 +88,13 @@ class TaskRewardEvaluation(L.Callback):
                        f"{metrics['eval/reward_mean']:.4f}")
         return metrics
 
+    def state_dict(self) -> dict:
+        """The evaluations so far (plain types), so that a resumed run's "before" is the first run's."""
+        return {"history": [[int(u), {k: float(v) for k, v in m.items()}] for u, m in self.history]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.history = [(int(u), dict(m)) for u, m in state_dict.get("history", [])]
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         interval = pl_module.args.eval_interval if self.eval_interval is None else self.eval_interval
         if interval > 0 and pl_module.updates_seen % interval == 0:

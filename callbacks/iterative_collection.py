@@ -16,7 +16,7 @@ import random
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from comlrl_lightning.data.tasks import format_prompts
 from comlrl_lightning.generation import SamplingStream
@@ -41,6 +41,16 @@ def _check_replay_selection(trainer: L.Trainer, args: Any) -> None:
             f"Replay options are set ({options}) but no ReplaySelection callback is configured, so they would be "
             "ignored. Add comlrl_lightning.callbacks.ReplaySelection after IterativePreferenceCollection in the "
             "Trainer's callbacks (or use MADPOIterTrainer / MARLHFIterTrainer), or leave the replay options unset.")
+
+
+def no_pairs_message(where: str, stats: CollectionStats) -> str:
+    """Why a collection produced no pair, in words (a constant reward ties every comparison)."""
+    comparisons = getattr(stats, "comparisons", 0) or stats.num_candidates
+    return (f"{where}: 0 preference pairs from {stats.num_items} items ({stats.num_ties} of {comparisons} "
+            f"comparisons tied, mean reward {stats.reward_mean:.4f}); nothing is trained on it. Every comparison "
+            "being a tie usually means the reward gives the same value to every response (a constant or "
+            "saturated reward_func/reward_processor): check it on a few completions, or sample more diverse "
+            "candidates (temperature, preference_num_candidates).")
 
 
 class IterativePreferenceCollection(L.Callback):
@@ -131,6 +141,8 @@ class IterativePreferenceCollection(L.Callback):
         rank_zero_info(f"Round {round_index}: {total.num_pairs} pairs from {total.num_items} items; win rate "
                        f"{metrics['round/win_rate']:.3f}, tie rate {metrics['round/tie_rate']:.3f}, mean reward "
                        f"{total.reward_mean:.4f}.")
+        if not pairs:
+            rank_zero_warn(no_pairs_message(f"Round {round_index}", total))
         return pairs
 
     def state_dict(self) -> dict:

@@ -61,7 +61,12 @@ class PreferenceCollection(L.Callback):
         rank_zero_info(f"Collected {stats.num_pairs} preference pairs from {stats.num_items} task items "
                        f"({stats.num_candidates} joint responses, mean task reward {stats.reward_mean:.4f}).")
         if not pairs:
-            rank_zero_warn("MADPO: no non-tied preference pairs were generated; the policies are not updated.")
+            rank_zero_warn(f"MADPO: no non-tied preference pairs were generated from {stats.num_items} items "
+                           f"({stats.num_candidates} joint responses, mean reward {stats.reward_mean:.4f}); the "
+                           "policies are not updated. Every candidate of every item got the same reward: a "
+                           "constant or saturated reward_func/reward_processor gives no preference. Check it on a "
+                           "few completions, or sample more diverse candidates (temperature, "
+                           "preference_num_candidates).")
             trainer.should_stop = True
 
     def state_dict(self) -> dict:

@@ -66,6 +66,26 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _looks_like_path(source: str) -> bool:
+    """A source written as a file-system path (absolute, ./, ../, ~, or more than one '/'), not a hub id."""
+    return (source.startswith(("/", "./", "../", "~", ".\\")) or os.path.isabs(source) or source.count("/") >= 2
+            or "\\" in source)
+
+
+def team_folder_sources(source: str, num_agents: int) -> list[str] | None:
+    """``[source/agent_0, ..., source/agent_{n-1}]`` when ``source`` is an exported team folder (what
+    ``ExportAgents`` and ``save_model`` write: ``agent_{i}/`` subfolders, no model of its own), else None."""
+    folder = Path(source)
+    if not folder.is_dir() or (folder / "config.json").exists() or not (folder / "agent_0").is_dir():
+        return None
+    found = sorted(p.name for p in folder.glob("agent_*") if p.is_dir())
+    missing = [f"agent_{i}" for i in range(num_agents) if not (folder / f"agent_{i}").is_dir()]
+    if missing:
+        raise ValueError(f"{source!r} is an exported team folder with {found}, but num_agents={num_agents} needs "
+                         f"{missing} too. Set num_agents={len(found)} or pass agents=[...] explicitly.")
+    return [str(folder / f"agent_{i}") for i in range(num_agents)]
+
+
 def _from_pretrained(loader: Any, source: str, what: str, **kwargs: Any) -> Any:
     """``loader.from_pretrained`` with a fast, explicit failure for hub ids that cannot be reached."""
     source = resolve_model_source(source)
@@ -74,6 +94,11 @@ def _from_pretrained(loader: Any, source: str, what: str, **kwargs: Any) -> Any:
             return loader.from_pretrained(source, **kwargs)
         except Exception as exc:  # noqa: BLE001 - re-raised with the path named
             raise ModelLoadError(f"Failed to load {what} from local path {source!r}: {exc}") from exc
+    if _looks_like_path(source):
+        raise ModelLoadError(
+            f"Cannot load {what} from {source!r}: no such local folder (it is written as a path, so it is not "
+            f"looked up on the model hub). Check the path, or pass a hub id (org/name) or {TINY_MODEL_NAME!r}."
+        )
     # Not a local path: a hub id. Use the local cache first, then the network only if it is reachable.
     try:
         return loader.from_pretrained(source, local_files_only=True, **kwargs)
@@ -306,7 +331,8 @@ def build_agents(
     """Resolve the agents of a run.
 
     * ``agent_model``: one hub id / local path / ``embedded:tiny`` loaded ``num_agents`` times
-      (independent copies), or, with ``lora``, once as a frozen base carrying one adapter per agent.
+      (independent copies; an exported team folder with ``agent_{i}/`` subfolders gives agent i its own), or,
+      with ``lora``, once as a frozen base carrying one adapter per agent.
     * ``agents``: a list of ids, paths or model objects (heterogeneous allowed; a repeated object shares
       its weights between agents).
     * ``tokenizer``: None (load one per string source), one tokenizer for all, or one per agent.
@@ -322,7 +348,7 @@ def build_agents(
             )
         if num_agents < 1:
             raise ValueError(f"num_agents must be >= 1. Got {num_agents}.")
-        sources: list[Any] = [agent_model] * num_agents
+        sources: list[Any] = team_folder_sources(agent_model, num_agents) or [agent_model] * num_agents
     else:
         sources = list(agents)
         if not sources:

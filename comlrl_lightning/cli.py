@@ -3,11 +3,84 @@
     comlrl-lightning fit --config configs/madpo/tiny.yaml
     comlrl-lightning fit --config configs/madpo/tiny.yaml --print_config
 
+    comlrl-lightning validate --config configs/madpo/tiny.yaml --model.init_args.agent_model=<run>/agents
+    comlrl-lightning report <run folder>
+
 When the config leaves ``trainer.max_epochs`` unset, it is derived from the module's ``args``
-(``num_train_epochs``, times ``num_iterations`` for the iterative trainers).
+(``num_train_epochs``, times ``num_iterations`` for the iterative trainers). ``validate`` / ``test`` evaluate a
+team on the data module's eval_dataset with the task reward (``val/reward_mean``). ``report`` writes PNG plots of
+a run's logged metrics (:mod:`comlrl_lightning.report`).
+
+Discoverability: our modules, data modules and callbacks are imported before the parser is built, so
+``fit --help`` lists them and ``--model.help MADPOModule`` takes the short name; option help shows the
+docstring line of every config field. A config value error (a ``ValueError`` raised by our code while the CLI
+builds the objects) is printed as its own sentence, first and last, instead of jsonargparse's nested report.
 """
 
 from __future__ import annotations
+
+import sys
+
+#: the modules whose classes the CLI lists (imported before the parser is built)
+CLI_MODULES = (
+    "comlrl_lightning.modules.madpo", "comlrl_lightning.modules.magrpo", "comlrl_lightning.modules.actor_critic",
+    "comlrl_lightning.modules.marlhf", "comlrl_lightning.modules.reward_model",
+    "comlrl_lightning.data.preference", "comlrl_lightning.data.iterative", "comlrl_lightning.data.marlhf",
+    "comlrl_lightning.data.tasks_dm", "comlrl_lightning.data.reward_pairs", "comlrl_lightning.callbacks",
+)
+
+_SUBCOMMANDS = {
+    "fit": "train a team (or a reward model) from a config: fit --config configs/madpo/tiny.yaml",
+    "validate": "evaluate a team on eval_dataset with the task reward (val/reward_mean)",
+    "test": "as validate, logged under test/",
+    "predict": "not supported for team modules (use validate or test)",
+    "report": "write PNG plots of a run's metrics: report <run folder>",
+}
+
+
+def _short_help() -> str:
+    """``comlrl-lightning --help`` without importing Lightning (cheap)."""
+    from comlrl_lightning import _LAZY
+
+    lines = ["usage: comlrl-lightning {fit,validate,test,predict,report} ...", "",
+             "Train and evaluate teams of cooperating LLM agents (LightningCLI).", "", "subcommands:"]
+    lines += [f"  {name:<9} {text}" for name, text in _SUBCOMMANDS.items()]
+    groups = {"modules (--model)": ".modules", "data modules (--data)": ".data",
+              "callbacks (--trainer.callbacks)": ".callbacks"}
+    for title, part in groups.items():
+        names = sorted(n for n, m in _LAZY.items() if f"comlrl_lightning{part}" in m and n[0].isupper())
+        if part == ".callbacks":  # read their names from the package file: importing it would load Lightning
+            import ast
+            from pathlib import Path
+
+            tree = ast.parse((Path(__file__).parent / "callbacks" / "__init__.py").read_text())
+            names = next(sorted(ast.literal_eval(node.value)) for node in tree.body if isinstance(node, ast.Assign)
+                         and any(getattr(t, "id", None) == "__all__" for t in node.targets))
+        lines += ["", f"{title}:", "  " + ", ".join(names)]
+    lines += ["", "Details: comlrl-lightning fit --help; one class: comlrl-lightning fit --model.help MADPOModule",
+              "Configs: configs/<method>/<name>.yaml (e.g. configs/madpo/tiny.yaml)."]
+    return "\n".join(lines)
+
+
+def user_error(exc: BaseException) -> str | None:
+    """The sentence of the deepest ``ValueError`` / ``TypeError`` raised by our own code in ``exc``'s chain
+    (e.g. "temperature must be > 0. Got 0.0. Allowed: numbers > 0."), or None when there is none."""
+    found, seen, stack = None, set(), [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (ValueError, TypeError)):
+            tb, ours = e.__traceback__, False
+            while tb is not None:
+                name = tb.tb_frame.f_code.co_filename
+                ours = ours or ("comlrl_lightning" in name and "comlrl_lightning/cli.py" not in name)
+                tb = tb.tb_next
+            if ours:
+                found = e
+        stack += [e.__context__, e.__cause__]
+    return str(found) if found is not None else None
 
 
 def _make_cli_class():
@@ -30,6 +103,19 @@ def _make_cli_class():
 
             super().__init__(parser, redact_secrets(config), *args, **kwargs)
 
+    from jsonargparse import set_parsing_settings
+    from lightning.pytorch.cli import LightningArgumentParser
+
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # config fields' docstrings in --help
+
+    class ComlrlParser(LightningArgumentParser):
+        def error(self, message: str, ex: Exception | None = None):
+            sentence = user_error(ex) if ex is not None else None
+            if sentence is not None and self.exit_on_error:
+                sys.stderr.write(f"error: {sentence}\n")
+                message = f"{message}\n{sentence}"
+            return super().error(message, ex)
+
     class ComlrlCLI(LightningCLI):
         def __init__(self, *args, **kwargs):
             kwargs.setdefault("parser_class", RedactingArgumentParser)
@@ -51,22 +137,46 @@ def _make_cli_class():
                 print(f"task reward (eval/reward_mean): before {result[0]:.4f} -> after {result[1]:.4f}")
 
     ComlrlCLI.save_callback = RedactingSaveConfigCallback
+    ComlrlCLI.parser_cls = ComlrlParser
     return ComlrlCLI, L
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``comlrl-lightning`` console script."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_short_help())
+        return
+    if args[0] == "report":
+        from comlrl_lightning.report import main as report_main
+
+        report_main(args[1:])
+        return
+    import importlib
+
+    for name in CLI_MODULES:
+        importlib.import_module(name)
     cli_cls, L = _make_cli_class()
-    cli_cls(
-        L.LightningModule,
-        L.LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        auto_configure_optimizers=False,
-        save_config_callback=cli_cls.save_callback,
-        save_config_kwargs={"overwrite": True},
-        args=argv,
-    )
+    try:
+        cli_cls(
+            L.LightningModule,
+            L.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            auto_configure_optimizers=False,
+            save_config_callback=cli_cls.save_callback,
+            save_config_kwargs={"overwrite": True},
+            parser_class=cli_cls.parser_cls,
+            args=argv,
+        )
+    except (ValueError, TypeError) as exc:
+        sentence = user_error(exc)
+        if sentence is None:
+            raise
+        detail = str(exc).splitlines()
+        shown = "\n".join(detail[:12] + (["  ..."] if len(detail) > 12 else []))
+        sys.stderr.write(f"error: {sentence}\n\n{shown}\n\nerror: {sentence}\n")
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

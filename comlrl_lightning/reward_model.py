@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from comlrl_lightning.config import register_yaml_representers
 from comlrl_lightning.config.checks import _bad
 
 JOINT_RESPONSE_HEADER = "Joint multi-agent response"
@@ -186,3 +187,6 @@ class RewardModelOptions:
     def to_dict(self) -> dict[str, Any]:
         """Plain-type dict of every option."""
         return asdict(self)
+
+
+register_yaml_representers(RewardModelOptions)  # hparams.yaml stays yaml.safe_load-able

@@ -7,6 +7,8 @@ once, in the group that declares the option. Every option is validated when the 
 written against CoMLRL keeps matching) and adds the value given and what is allowed.
 """
 
+import dataclasses as _dataclasses
+
 from comlrl_lightning.config.actor_critic import IACConfig, MAACConfig, _ActorCriticOptions
 from comlrl_lightning.config.checks import _bad, _normalize_choice, check_counts, is_int, is_number
 from comlrl_lightning.config.devices import device_count, normalize_parallel_training
@@ -65,3 +67,22 @@ __all__ = [
     "normalize_parallel_training",
     "redact_secrets",
 ]
+
+
+def _represent_config(dumper, data):
+    """A config as a plain YAML mapping of its fields: the hparams.yaml Lightning's loggers write (with
+    ``yaml.dump``) then loads with ``yaml.safe_load`` (no ``!!python/object`` tag)."""
+    return dumper.represent_dict({f.name: getattr(data, f.name) for f in _dataclasses.fields(data)})
+
+
+def register_yaml_representers(*classes: type) -> None:
+    """Dump the given config classes as plain mappings with ``yaml.dump`` / ``yaml.safe_dump``."""
+    import yaml
+
+    for cls in classes:
+        for dumper in (yaml.Dumper, yaml.SafeDumper):
+            yaml.add_representer(cls, _represent_config, Dumper=dumper)
+
+
+register_yaml_representers(IACConfig, MAACConfig, MADPOConfig, MADPOIterConfig, MAGRPOConfig, MAREINFORCEConfig,
+                           MAReMaxConfig, MARLOOConfig, MARLHFConfig, MARLHFIterConfig)

@@ -101,7 +101,9 @@ def format_prompts(items: Sequence[dict], formatters: Sequence[Callable[[dict], 
             except KeyError as exc:
                 raise ValueError(
                     f"Dataset item {offset + k} has no field {exc.args[0]!r} (needed by agent {a}'s prompt; "
-                    f"item keys: {sorted(item)}). Add the field or pass formatters."
+                    f"item keys: {sorted(item)}). Name the field holding the prompt with data.prompt_field "
+                    f"(the data module's prompt_field, now {prompt_field!r}; e.g. --data.init_args.prompt_field="
+                    f"{sorted(item)[0] if item else 'question'}), add the field, or pass formatters."
                 ) from exc
             if not isinstance(text, str) or not text:
                 raise ValueError(
@@ -159,3 +161,40 @@ def load_task_setup(train_dataset: Any, eval_dataset: Any, reward_func: Any, rew
     train_items = load_task_items(train_dataset, "train")
     eval_items = load_task_items(eval_dataset, "test") if eval_dataset is not None else []
     return oracle, formatters, train_items, eval_items
+
+
+def eval_batches(datamodule: Any) -> Any:
+    """The ``val_dataloader`` / ``test_dataloader`` of the task data modules: all ``eval_items`` as one batch
+    (the module's ``validation_step`` scores them with the task reward). Empty while fitting: evaluation during
+    fit is the ``TaskRewardEvaluation`` callback's, and an empty loader makes Lightning skip its val loop."""
+    trainer = getattr(datamodule, "trainer", None)
+    if trainer is not None and trainer.state.fn == "fit":
+        import warnings
+
+        warnings.filterwarnings("ignore", message="Total length of `_OneBatch` across ranks is zero")
+        return _OneBatch([], batches=0)
+    items = list(datamodule.eval_items or [])
+    if not items:
+        raise ValueError("validate/test evaluate the team on the data module's eval_dataset, which is empty. "
+                         "Set data.init_args.eval_dataset (e.g. builtin:cooperative_eval).")
+    return _OneBatch(items)
+
+
+PREDICT_REFUSED = ("predict is not supported for team training: use `comlrl-lightning validate` (or `test`) to "
+                   "evaluate a team on eval_dataset with the task reward, e.g. `comlrl-lightning validate --config "
+                   "<config> --model.init_args.agent_model=<run>/agents`.")
+
+
+class _OneBatch:
+    """An iterable yielding ``items`` as a single batch (a plain list would read as a list of loaders)."""
+
+    def __init__(self, items: list, batches: int = 1):
+        self.items = items
+        self.batches = batches
+
+    def __iter__(self):
+        if self.batches:
+            yield self.items
+
+    def __len__(self) -> int:
+        return self.batches

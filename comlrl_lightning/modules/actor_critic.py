@@ -332,6 +332,10 @@ class ActorCriticModule(TeamModuleBase):
         self.num_drains += 1
         metrics["env_step"] = float(self.env_step)
         self._emit(metrics, gate=True)
+        losses = [v for k, v in metrics.items() if k.endswith("_loss")]
+        if losses and self._trainer is not None and self.trainer.training:
+            # the progress bar's "loss": mean of the actor and value losses of this drain
+            self.log("loss", sum(losses) / len(losses), prog_bar=True, logger=False, batch_size=1)
 
     def _update(self, i: int, samples: list[EpisodeSample]) -> dict[str, float]:
         a = self.args

@@ -10,6 +10,9 @@
 * progress counters ``env_step`` and ``updates_seen``, saved in the checkpoint under ``comlrl_progress``
   (plain types: checkpoints are loaded ``weights_only``); subclasses extend :meth:`progress_state`;
 * agent export (:meth:`save_agents`): ``output_dir/agent_{i}/`` per agent;
+* ``validate`` / ``test`` (``comlrl-lightning validate --config X``): the data module's ``eval_items`` (its
+  ``val_dataloader``; the first ``args.eval_num_samples``), scored with the task reward through :meth:`evaluate`,
+  logged as ``val/...`` / ``test/...`` (e.g. ``val/reward_mean``); ``predict`` is refused with a message;
 * the rest of the ``TeamModule`` protocol of :mod:`comlrl_lightning.protocols` that callbacks call:
   :meth:`evaluate` (single-turn task-reward evaluation; multi-turn modules override it) and
   :meth:`use_train_oracle` (the reward of training rollouts, e.g. MARLHF's learned reward).
@@ -31,6 +34,7 @@ from torch import nn
 
 from comlrl_lightning.agents import AgentTeam, build_agents
 from comlrl_lightning.config.secrets import redact_secrets
+from comlrl_lightning.data.tasks import PREDICT_REFUSED
 from comlrl_lightning.evaluation import evaluate_team
 from comlrl_lightning.files import state_digest
 from comlrl_lightning.generation import SamplingSettings
@@ -150,6 +154,35 @@ class TeamModuleBase(L.LightningModule):
         items generated together, scored with ``task.oracle`` (never the training oracle)."""
         return evaluate_team(self.team, list(items), task.formatters, task.oracle, self.sampling_settings(), seed,
                              samples_per_item, batch_size=getattr(self.args, "eval_batch_size", None))
+
+    # --- validate / test: evaluate the team on eval_dataset with the task reward ---------------------------
+    def _eval_settings(self) -> tuple[int, int]:
+        """(seed, samples_per_item) of the run's task-reward evaluation callback when there is one (so that
+        ``validate`` reproduces the ``after`` number of ``fit``), else (12345, 1)."""
+        for cb in self.trainer.callbacks:
+            if hasattr(cb, "samples_per_item") and hasattr(cb, "before_after"):
+                return int(cb.seed), int(cb.samples_per_item)
+        return 12345, 1
+
+    def _evaluate_step(self, items: list, prefix: str) -> dict:
+        items = list(items)[: self.args.eval_num_samples]
+        seed, samples = self._eval_settings()
+        metrics = self.evaluate(items, self.trainer.datamodule, seed=seed, samples_per_item=samples)
+        out = {prefix + k.removeprefix("eval/"): float(v) for k, v in metrics.items()}
+        for k, v in out.items():
+            self.log(k, v, batch_size=len(items), prog_bar=k.endswith("/reward_mean") and "turn_" not in k)
+        return out
+
+    def validation_step(self, batch: list, batch_idx: int) -> dict:
+        """Task-reward evaluation of the team on the eval items (``val/reward_mean``, ...)."""
+        return self._evaluate_step(batch, "val/")
+
+    def test_step(self, batch: list, batch_idx: int) -> dict:
+        """As :meth:`validation_step`, logged under ``test/``."""
+        return self._evaluate_step(batch, "test/")
+
+    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+        raise NotImplementedError(PREDICT_REFUSED)
 
     def trainable_modules(self) -> list[nn.Module]:
         """Modules put in train mode at fit start (the agents' models; subclasses add critics)."""

@@ -258,6 +258,8 @@ class JointRewardModel(L.LightningModule):
              f"{stage}/reward_model/margin": stats["margin"]},
             batch_size=b, on_step=on_step, on_epoch=not on_step, prog_bar=False,
         )
+        if on_step:  # the progress bar shows the loss, as for the team modules
+            self.log("loss", loss.detach(), prog_bar=True, logger=False, batch_size=b)
         return loss
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
