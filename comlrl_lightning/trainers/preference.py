@@ -57,7 +57,7 @@ class MADPOTrainer(TeamTrainer):
     (a ``WandbLogger`` unless ``trainer_kwargs`` sets a logger), ``external_transition`` (accepted as in CoMLRL;
     unused, with a warning: preference trainers are single-turn), ``eval_logger`` and ``eval_aggregator``
     (custom evaluation metrics, logged as ``eval/<key>``). With ``args.collaboration_mode="centralized"`` one
-    learner writes every role (``args.num_agents`` roles) in one joint text through ``centralized_adapter``
+    learner writes every role (``args.num_agents`` roles) in one joint text through ``centralized_comparator_adapter``
     (default: CoMLRL's tagged ``<agent_i>`` format); ``agents`` then holds at most one model.
     """
 
@@ -84,14 +84,14 @@ class MADPOTrainer(TeamTrainer):
         external_transition: Callable | None = None,
         eval_logger: Callable | None = None,
         eval_aggregator: Callable | None = None,
-        centralized_adapter: Any = None,
+        centralized_comparator_adapter: Any = None,
     ):
         self._init_args(args, agent_model, agents, reward_func, train_dataset, num_agents)
         self._unused_transition(external_transition)
         learner_args, centralized = self.args, self.args.collaboration_mode == "centralized"
         if centralized:
             learner_args, formatters, reward_func = self._centralized(agents, tokenizer, formatters, reward_func,
-                                                                      centralized_adapter)
+                                                                      centralized_comparator_adapter)
         self.module = MADPOModule(agent_model=agent_model, agents=agents, tokenizer=tokenizer,
                                   model_config=model_config, lora=lora, args=learner_args)
         self.datamodule = PreferenceDataModule(
@@ -120,7 +120,7 @@ class MADPOTrainer(TeamTrainer):
         adapter = adapter if adapter is not None else TaggedCentralizedComparatorAdapter()
         for name in ("build_prompt", "parse_completion"):
             if not callable(getattr(adapter, name, None)):
-                raise TypeError(f"centralized_adapter.{name} must be callable.")
+                raise TypeError(f"centralized_comparator_adapter.{name} must be callable.")
         roles = build_formatters(formatters, self.args.num_agents)
         learner = dataclasses.replace(self.args, num_agents=1)
         return learner, [CentralizedPrompt(adapter, roles)], CentralizedReward(adapter, reward_func, roles)

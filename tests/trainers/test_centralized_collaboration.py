@@ -56,7 +56,7 @@ def test_centralized_madpo_trains_one_learner_on_joint_texts(tiny_model_dir):
                        preference_pairs_per_sample=2, max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=None,
                        eval_interval=0, eval_num_samples=1, train_batch_size=2)
     tr = MADPOTrainer(agent_model=tiny_model_dir, train_dataset=ITEMS, eval_dataset=ITEMS[:1], reward_func=reward,
-                      formatters=ROLES, args=args, centralized_adapter=HalvesAdapter(),
+                      formatters=ROLES, args=args, centralized_comparator_adapter=HalvesAdapter(),
                       trainer_kwargs=cpu_trainer_kwargs())
     metrics = tr.train()
     assert tr.args.num_agents == 2 and tr.team.num_agents == 1  # R roles, one learner
