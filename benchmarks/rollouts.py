@@ -189,11 +189,12 @@ def main(argv: list[str] | None = None) -> int:
             cpu = statistics.median([c for t in ts for c in t.cpu])
             gen = statistics.median([g for t in ts for g in t.gen])
             calls = statistics.median([c for t in ts for c in t.calls])
-            med[name] = (wall, gen)
+            med[name] = (wall, gen, cpu)
             print(f"{label:<8}{name:<11}{1e3 * wall:>9.1f}{1 / wall:>9.2f}{1e3 * cpu:>9.1f}{1e3 * gen:>9.1f}"
                   f"{100 * gen / wall:>6.0f}%{calls:>7.0f}")
-        (bw, bg), (pw, pg) = med["batched"], med["per-node"]
-        print(f"{label:<8}steps/s batched/per-node {pw / bw:.2f}x; generate time per-node/batched {pg / bg:.2f}x")
+        (bw, bg, bc), (pw, pg, pc) = med["batched"], med["per-node"]
+        print(f"{label:<8}steps/s batched/per-node {pw / bw:.2f}x (cpu time {pc / bc:.2f}x); generate time "
+              f"per-node/batched {pg / bg:.2f}x")
     print(f"total {time.perf_counter() - t_start:.1f} s")
     return 0
 
