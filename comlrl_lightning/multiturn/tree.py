@@ -178,7 +178,7 @@ def build_trees(
     agent (nodes ordered by tree, then parent, then joint action); then each node is scored and expanded on
     its own. The trees equal those of a depth-first pre-order construction from the same draws: env_step
     values are assigned afterwards in pre-order, tree after tree (docs/multiturn.md §2.2), and returns
-    post-order (§2.5).
+    post-order (docs/multiturn.md §2.5).
 
     Args:
         root_prompts: per tree, per agent (prompt, prompt_used) at turn 0.
