@@ -15,6 +15,9 @@ Fits alternate between the variants, so a slow phase of the machine hits both. P
 median wall ms per training step, steps/s, the median ms inside ``generate`` per step and its share of the
 step, the generate calls per step; then the ratios batched/per-node of steps/s and of generate time, both
 measured in this run.
+
+``--lora`` instead times one level's generation for two LoRA agents on one base: one call per agent against
+one mixed-adapter call (peft ``adapter_names``), to decide whether the trainers should merge them.
 """
 
 from __future__ import annotations
@@ -97,6 +100,40 @@ def one_fit(model_dir: str, per_node: bool, args) -> StepTimer:
     return timer
 
 
+def lora_mixed(model_dir: str, args) -> tuple[list[float], list[float]]:
+    """LoRA agents on one base: a level's generation as one call per agent (each with its adapter active)
+    against one mixed-adapter call for all agents (peft ``adapter_names`` per row). Rows are the level's
+    prompts repeated K times (``num_return_sequences`` cannot carry per-row adapters). Seconds per level."""
+    from comlrl_lightning.agents import build_agents
+
+    team = build_agents(model_dir, num_agents=2, lora={"r": 8, "lora_alpha": 16})
+    model, tok = team.models[0], team.tokenizers[0]
+    for name, p in model.named_parameters():  # non-zero adapters, so the two agents really differ
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.02)
+    model.eval()
+    prompts = [f"Topic: {TOPICS[i]}. Write one line." for i in range(4)] * 4  # 4 nodes x K = 4
+    tok.padding_side = "left"
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    both = tok(prompts * 2, return_tensors="pt", padding=True)
+    kw = dict(do_sample=True, top_k=0, max_new_tokens=args.max_new_tokens, pad_token_id=tok.pad_token_id,
+              eos_token_id=tok.eos_token_id)
+    per_agent, mixed = [], []
+    with torch.no_grad():
+        for rep in range(1 + args.lora_reps):
+            t0 = time.perf_counter()
+            for a in range(2):
+                with team.activate(a) as m:
+                    m.generate(**enc, **kw)
+            t1 = time.perf_counter()
+            model.generate(**both, adapter_names=["agent_0"] * len(prompts) + ["agent_1"] * len(prompts), **kw)
+            t2 = time.perf_counter()
+            if rep:  # the first repetition warms up
+                per_agent.append(t1 - t0)
+                mixed.append(t2 - t1)
+    return per_agent, mixed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and repetitions, tiny model only")
@@ -106,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="fits per variant, alternating")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lora", action="store_true", help="only the LoRA mixed-adapter measurement (tiny model)")
+    parser.add_argument("--lora-reps", type=int, default=7)
     args = parser.parse_args(argv)
     args.steps = args.steps if args.steps is not None else (4 if args.quick else 7)
     args.reps = args.reps if args.reps is not None else (1 if args.quick else 2)
@@ -116,6 +155,15 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     t_start = time.perf_counter()
+    if args.lora:
+        with tempfile.TemporaryDirectory(prefix="rollout_bench_") as tmp:
+            per_agent, mixed = lora_mixed(build_tiny_model(Path(tmp) / "tiny"), args)
+        pa, mx = statistics.median(per_agent), statistics.median(mixed)
+        print(f"\nLoRA team (2 adapters on the tiny base), one level of 4 nodes x K=4, max_new_tokens="
+              f"{args.max_new_tokens}, threads={torch.get_num_threads()}, {args.lora_reps} reps")
+        print(f"one call per agent {1e3 * pa:.1f} ms; one mixed-adapter call {1e3 * mx:.1f} ms; "
+              f"per-agent/mixed {pa / mx:.2f}x")
+        return 0
     rows = []
     with tempfile.TemporaryDirectory(prefix="rollout_bench_") as tmp:
         tiny_dir = build_tiny_model(Path(tmp) / "tiny")
@@ -141,11 +189,12 @@ def main(argv: list[str] | None = None) -> int:
             cpu = statistics.median([c for t in ts for c in t.cpu])
             gen = statistics.median([g for t in ts for g in t.gen])
             calls = statistics.median([c for t in ts for c in t.calls])
-            med[name] = (wall, gen)
+            med[name] = (wall, gen, cpu)
             print(f"{label:<8}{name:<11}{1e3 * wall:>9.1f}{1 / wall:>9.2f}{1e3 * cpu:>9.1f}{1e3 * gen:>9.1f}"
                   f"{100 * gen / wall:>6.0f}%{calls:>7.0f}")
-        (bw, bg), (pw, pg) = med["batched"], med["per-node"]
-        print(f"{label:<8}steps/s batched/per-node {pw / bw:.2f}x; generate time per-node/batched {pg / bg:.2f}x")
+        (bw, bg, bc), (pw, pg, pc) = med["batched"], med["per-node"]
+        print(f"{label:<8}steps/s batched/per-node {pw / bw:.2f}x (cpu time {pc / bc:.2f}x); generate time "
+              f"per-node/batched {pg / bg:.2f}x")
     print(f"total {time.perf_counter() - t_start:.1f} s")
     return 0
 

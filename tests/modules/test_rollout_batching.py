@@ -1,5 +1,6 @@
 """Level-batched rollouts: one ``generate`` call per agent per tree level, covering every node of the level
-and every item of the batch (docs/multiturn.md §2.2), for training, evaluation and preference collection."""
+and every item of the batch (docs/multiturn.md §2.2), for MAGRPO training and evaluation, actor-critic
+episodes (docs/multiturn.md §4.3) and single-turn evaluation and preference collection (one call per agent per chunk)."""
 
 from __future__ import annotations
 
