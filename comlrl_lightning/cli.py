@@ -104,11 +104,13 @@ def _make_cli_class():
             super().__init__(parser, redact_secrets(config), *args, **kwargs)
 
     from jsonargparse import set_parsing_settings
-    from lightning.pytorch.cli import LightningArgumentParser
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)  # config fields' docstrings in --help
 
-    class ComlrlParser(LightningArgumentParser):
+    class ComlrlParser(RedactingArgumentParser):
+        """Redacting dumps, and a config value error's own sentence first and last (not buried in the
+        Union-subtype report)."""
+
         def error(self, message: str, ex: Exception | None = None):
             sentence = user_error(ex) if ex is not None else None
             if sentence is not None and self.exit_on_error:
@@ -117,10 +119,6 @@ def _make_cli_class():
             return super().error(message, ex)
 
     class ComlrlCLI(LightningCLI):
-        def __init__(self, *args, **kwargs):
-            kwargs.setdefault("parser_class", RedactingArgumentParser)
-            super().__init__(*args, **kwargs)
-
         def before_fit(self) -> None:
             args = getattr(self.model, "args", None)
             loop = self.trainer.fit_loop
