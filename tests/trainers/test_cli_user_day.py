@@ -210,3 +210,23 @@ def test_every_config_class_dumps_to_safe_yaml():
         args = cls()
         loaded = yaml.safe_load(yaml.dump({"args": args}))  # what Lightning's hparams.yaml writer does
         assert loaded["args"]["seed" if hasattr(args, "seed") else "reward_learning_rate"] is not None
+
+
+def test_reward_model_config_exports_the_fitted_reward_model(tmp_path):
+    import torch
+
+    from comlrl_lightning.cli import main
+
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        main(["fit", "--config", str(ROOT / "configs/reward_model/tiny.yaml"), "--trainer.limit_train_batches=2",
+              "--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false"])
+    finally:
+        os.chdir(old)
+    folder = tmp_path / "outputs/reward_model_tiny/lightning_logs/version_0/reward_model"
+    assert (folder / "backbone" / "config.json").exists()
+    head = torch.load(folder / "head.pt", weights_only=True)
+    assert set(head) == {"weight", "bias"}
+    options = json.loads((folder / "reward_model.json").read_text())["options"]
+    assert options["reward_learning_rate"] == 0.003
