@@ -83,7 +83,7 @@ def user_error(exc: BaseException) -> str | None:
     return str(found) if found is not None else None
 
 
-def _make_cli_class():
+def _make_cli_class(want_help: bool = False):
     import lightning as L
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
@@ -105,7 +105,8 @@ def _make_cli_class():
 
     from jsonargparse import set_parsing_settings
 
-    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # config fields' docstrings in --help
+    # config fields' docstrings in the help (parsing them costs CPU-seconds, so only when help is asked for)
+    set_parsing_settings(docstring_parse_attribute_docstrings=want_help)
 
     class ComlrlParser(RedactingArgumentParser):
         """Redacting dumps, and a config value error's own sentence first and last (not buried in the
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
 
     for name in CLI_MODULES:
         importlib.import_module(name)
-    cli_cls, L = _make_cli_class()
+    cli_cls, L = _make_cli_class(want_help=any(a in ("-h", "--help") or ".help" in a for a in args))
     try:
         cli_cls(
             L.LightningModule,

@@ -310,4 +310,4 @@ def fit_reward_model(
     trainer = L.Trainer(**kwargs)
     trainer.fit(model, datamodule=RewardPairDataModule(train_pairs, eval_pairs, **datamodule_kwargs))
     model.eval()
-    return {k: float(v) for k, v in trainer.callback_metrics.items()}
+    return {k: float(v) for k, v in trainer.callback_metrics.items() if k != "loss"}  # "loss": progress bar only

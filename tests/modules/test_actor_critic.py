@@ -321,4 +321,4 @@ def test_cli_config_runs(method, tmp_path, monkeypatch, capsys):
         rows = list(csv.DictReader(f))
     keys = {k for r in rows for k, v in r.items() if v}
     assert {"train/agent0/actor_loss", "train/agent1/actor_loss", "turn_1/reward_mean", "env_step"} <= keys
-    assert (tmp_path / f"outputs/{method}_tiny/agents/agent_1").is_dir()
+    assert (tmp_path / f"outputs/{method}_tiny/lightning_logs/version_0/agents/agent_1").is_dir()

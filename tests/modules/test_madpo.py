@@ -244,7 +244,7 @@ def test_cli_fit_runs_config_and_writes_csv_and_agents(tmp_path, monkeypatch, ca
     header = next(csv.reader(open(metrics_files[0])))
     for key in ("train/loss", "train/accuracy", "train/agent0/rewards/margins", "round/num_pairs", "eval/reward_mean"):
         assert key in header
-    assert (tmp_path / "outputs/madpo_tiny/agents/agent_1/config.json").is_file()
+    assert (tmp_path / "outputs/madpo_tiny/lightning_logs/version_0/agents/agent_1/config.json").is_file()
 
 
 def test_cli_print_config_round_trips(tmp_path, capsys):

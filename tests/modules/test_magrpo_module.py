@@ -216,7 +216,7 @@ def test_cli_configs_run(name, tmp_path, monkeypatch, capsys):
         assert key in header
     if name != "tiny":
         assert "turn_2/reward_mean" in header
-    assert (tmp_path / f"outputs/magrpo_{name}/agents/agent_1/config.json").is_file()
+    assert (tmp_path / f"outputs/magrpo_{name}/lightning_logs/version_0/agents/agent_1/config.json").is_file()
 
 
 def test_evaluate_turns_single_paths(tiny_model_dir):

@@ -409,3 +409,6 @@ def test_cli_configs_run(name, tmp_path, monkeypatch, capsys):
     for key in ("turn_1/reward_mean", "train/reward_model/accuracy", "reward_model/num_pairs", "eval/reward_mean",
                 "round/num_pairs"):
         assert key in header
+    # the fitted reward model and the agents are exported into the run's folder
+    run = files[0].parent
+    assert (run / "reward_model" / "head.pt").is_file() and (run / "agents" / "agent_1" / "README.md").is_file()

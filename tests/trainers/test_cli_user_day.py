@@ -210,3 +210,60 @@ def test_every_config_class_dumps_to_safe_yaml():
         args = cls()
         loaded = yaml.safe_load(yaml.dump({"args": args}))  # what Lightning's hparams.yaml writer does
         assert loaded["args"]["seed" if hasattr(args, "seed") else "reward_learning_rate"] is not None
+
+
+def test_reward_model_config_exports_the_fitted_reward_model(tmp_path):
+    import torch
+
+    from comlrl_lightning.cli import main
+
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        main(["fit", "--config", str(ROOT / "configs/reward_model/tiny.yaml"), "--trainer.limit_train_batches=2",
+              "--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false"])
+    finally:
+        os.chdir(old)
+    folder = tmp_path / "outputs/reward_model_tiny/lightning_logs/version_0/reward_model"
+    assert (folder / "backbone" / "config.json").exists()
+    head = torch.load(folder / "head.pt", weights_only=True)
+    assert set(head) == {"weight", "bias"}
+    options = json.loads((folder / "reward_model.json").read_text())["options"]
+    assert options["reward_learning_rate"] == 0.003
+
+
+def _losses(path):
+    import csv
+
+    return [r["train/loss"] for r in csv.DictReader(open(path)) if r.get("train/loss")]
+
+
+def test_iterative_saved_config_runs_again_past_round_0_and_reproduces(tmp_path):
+    """The saved config.yaml of an iterative run (round callbacks, replay, checkpoints) fed back to fit."""
+    from comlrl_lightning.cli import main
+
+    small = ["--model.init_args.args.num_iterations=2", "--model.init_args.args.preference_num_candidates=2",
+             "--model.init_args.args.preference_pairs_per_sample=1", "--model.init_args.args.max_new_tokens=4",
+             "--model.init_args.args.eval_num_samples=2", "--model.init_args.args.preference_replay_sample_size=8",
+             "--model.init_args.args.train_batch_size=8", "--trainer.enable_progress_bar=false",
+             "--trainer.enable_model_summary=false"]
+    old = os.getcwd()
+    try:
+        os.chdir(tmp_path / ".")
+        (tmp_path / "a").mkdir()
+        os.chdir(tmp_path / "a")
+        main(["fit", "--config", str(ROOT / "configs/madpo/iterative_tiny.yaml"), *small])
+        first = tmp_path / "a/outputs/madpo_iterative_tiny/lightning_logs/version_0"
+        saved = first / "config.yaml"
+        assert "Unable to serialize" not in saved.read_text()
+        (tmp_path / "b").mkdir()
+        os.chdir(tmp_path / "b")
+        main(["fit", "--config", str(saved)])
+    finally:
+        os.chdir(old)
+    second = tmp_path / "b/outputs/madpo_iterative_tiny/lightning_logs/version_0"
+    assert (second / "checkpoints" / "last.ckpt").exists()
+    replay = [sorted(p.name for p in (tmp_path / run / "outputs/madpo_iterative_tiny/preference_replay").iterdir())
+              for run in ("a", "b")]
+    assert replay[0] == replay[1] and "iteration_0002.json" in replay[1]  # both rounds ran
+    assert _losses(second / "metrics.csv") == _losses(first / "metrics.csv") != []
