@@ -84,7 +84,8 @@ class TeamTrainer:
                 if isinstance(value, (list, tuple)) and len(value) > 1:
                     changes[name] = [value[idx]]
         learner = dataclasses.replace(self.args, **changes)
-        return learner, [CentralizedPrompt(adapter, roles)], CentralizedReward(adapter, reward_func, roles)
+        self._joint_reward = CentralizedReward(adapter, reward_func, roles)  # splits eval texts for eval_logger
+        return learner, [CentralizedPrompt(adapter, roles)], self._joint_reward
 
     def _init_trainer(self, max_epochs: int, callbacks: Iterable[L.Callback], wandb_config: dict | None,
                       trainer_kwargs: dict | None, **forced: Any) -> None:
@@ -107,9 +108,13 @@ class TeamTrainer:
     def _evaluation(self, has_eval: bool, eval_logger: Any = None, eval_aggregator: Any = None) -> Any:
         """The task-reward evaluation callback (with CoMLRL's ``eval_logger``/``eval_aggregator``); without eval
         data, every evaluation option or argument that was set warns once, naming it (nothing is silently
-        ignored)."""
+        ignored). Under centralized collaboration ``eval_logger`` receives the joint texts split per role."""
         from comlrl_lightning.callbacks import TaskRewardEvaluation
 
+        if eval_logger is not None and getattr(self, "_joint_reward", None) is not None:
+            from comlrl_lightning.collaboration import CentralizedEvalLogger
+
+            eval_logger = CentralizedEvalLogger(self._joint_reward, eval_logger)  # per-role texts, as CoMLRL
         if not has_eval:
             fields = getattr(type(self.args), "__dataclass_fields__", {})
             for name in ("eval_batch_size",):  # eval_interval/eval_num_samples keep CoMLRL's defaults in most configs

@@ -56,8 +56,15 @@ def test_centralized_madpo_trains_one_learner_on_joint_texts(tiny_model_dir):
     args = MADPOConfig(collaboration_mode="centralized", num_agents=2, num_train_epochs=1, preference_num_candidates=4,
                        preference_pairs_per_sample=2, max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=None,
                        eval_interval=0, eval_num_samples=1, train_batch_size=2)
+    logged = []
+
+    def eval_logger(agent_completions_turns, batch_items, prompts):
+        logged.append(agent_completions_turns)
+        return [{"roles": float(len(agent_completions_turns))}]
+
     tr = MADPOTrainer(agent_model=tiny_model_dir, train_dataset=ITEMS, eval_dataset=ITEMS[:1], reward_func=reward,
                       formatters=ROLES, args=args, centralized_comparator_adapter=HalvesAdapter(),
+                      eval_logger=eval_logger, eval_aggregator=lambda m, num_turns: {"roles": m[0]["roles"]},
                       trainer_kwargs=cpu_trainer_kwargs())
     metrics = tr.train()
     assert tr.args.num_agents == 2 and tr.team.num_agents == 1  # R roles, one learner
@@ -66,6 +73,20 @@ def test_centralized_madpo_trains_one_learner_on_joint_texts(tiny_model_dir):
     assert all(len(p.winner_completions) == 1 and p.prompts[0].startswith("Write both parts.") for p in pairs)
     assert tr.datamodule.score_last_token  # the full joint completion is scored (docs/decisions.md, decision 3)
     assert calls and all(isinstance(a, str) and isinstance(b, str) for a, b in calls)
+    # eval_logger gets the joint texts split per role: [role][item][turn]
+    assert metrics["eval/roles"] == 2.0 and logged and all(len(c) == 2 and len(c[0][0]) == 1 for c in logged)
+
+
+def test_centralized_eval_logger_splits_joint_texts_per_role():
+    from comlrl_lightning.collaboration import CentralizedEvalLogger
+
+    seen = []
+    split = CentralizedEvalLogger(CentralizedReward(TaggedCentralizedComparatorAdapter(), lambda a, b: [0.0], ROLES),
+                                  lambda **kw: seen.append(kw) or [{}])
+    joint = [["<agent_0>a</agent_0><agent_1>bbb</agent_1>", "untagged"], ["<agent_1>z</agent_1>"]]
+    split(agent_completions_turns=[joint], batch_items=ITEMS[:2], prompts=["p0", "p1"])
+    assert seen[0]["agent_completions_turns"] == [[["a", ""], [""]], [["bbb", ""], ["z"]]]
+    assert seen[0]["batch_items"] == ITEMS[:2] and seen[0]["prompts"] == ["p0", "p1"]
 
 
 def test_centralized_input_errors(tiny_model_dir):
