@@ -177,3 +177,12 @@ def test_centralized_marlhf_reward_model_reads_joint_texts(tiny_model_dir, monke
     assert seen and all(len(c) == 1 and p[0].startswith("Write both parts.")  # one joint text per response
                         for prompts, cs in seen for p, c in zip(prompts, cs))
     assert any(not torch.equal(a, b) for a, b in zip(before, tr.team.parameters_of(0)))  # the one learner learnt
+
+
+def test_wandb_run_config_names_roles_and_actor_models(tmp_path):
+    from comlrl_lightning.trainers.common import wandb_logger
+
+    args = MADPOIterConfig(collaboration_mode="centralized", num_agents=3)
+    config = wandb_logger({"project": "p", "dir": str(tmp_path)}, args, "MADPOIter")._wandb_init["config"]
+    assert (config["num_roles"], config["num_actor_models"]) == (3, 1)
+    assert config["collaboration_mode"] == "centralized" and config["comparator_generation_mode"] == "centralized"
