@@ -71,3 +71,23 @@ class CentralizedReward:
                 raise ValueError("Centralized task reward must return one joint reward.")
             rewards.append(values[0])
         return rewards
+
+
+class CentralizedEvalLogger:
+    """CoMLRL's ``eval_logger`` behind a joint learner: the evaluation's joint texts
+    (``agent_completions_turns[0][item][turn]``) are split into one output per role with the reward's adapter, so
+    the user's logger receives ``agent_completions_turns[role][item][turn]`` as for a decentralized team."""
+
+    def __init__(self, reward: CentralizedReward, eval_logger: Callable):
+        self.reward = reward
+        self.eval_logger = eval_logger
+
+    def __call__(self, agent_completions_turns: Sequence, batch_items: Sequence, prompts: Sequence) -> Any:
+        joint = agent_completions_turns[0]
+        roles = len(self.reward.role_formatters)
+        per_role: list[list[list[str]]] = [[[] for _ in joint] for _ in range(roles)]
+        for k, (turns, item) in enumerate(zip(joint, batch_items)):
+            for text in turns:
+                for r, output in enumerate(self.reward.split(text, item)):
+                    per_role[r][k].append(output)
+        return self.eval_logger(agent_completions_turns=per_role, batch_items=batch_items, prompts=prompts)

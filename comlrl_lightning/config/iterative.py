@@ -149,6 +149,8 @@ class _IterativePreferenceOptions:
         gen = _normalize_choice(
             "comparator_generation_mode", self.comparator_generation_mode, GENERATION_MODE_ALIASES,
             "decentralized", "comparator_generation_mode must be one of: decentralized, centralized.")
+        if getattr(self, "collaboration_mode", "decentralized") == "centralized":
+            gen = "centralized"  # a joint learner's comparator writes joint texts too (docs/coming-from-comlrl.md)
         self.comparator_generation_mode = gen
         if gen == "centralized":
             idx = self.comparator_centralized_agent_index

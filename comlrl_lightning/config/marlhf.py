@@ -96,8 +96,6 @@ class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardMo
     critic_learning_rate: float | None = None
     """Critic learning rate; None = ``agent_learning_rate``."""
 
-    _centralized_supported = False
-
     def _validate_base(self) -> None:
         # docs/preference.md §2.2 order: normalise rl_algorithm, run every MADPO check, then the MARLHF checks.
         alg = "magrpo" if self.rl_algorithm is None else str(self.rl_algorithm).strip().lower()

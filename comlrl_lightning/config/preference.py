@@ -39,7 +39,7 @@ class CollaborationOptions:
 
     collaboration_mode: str = "decentralized"
     """"decentralized" (one model per role) or "centralized" (one learner writing every role's output in one joint
-    text; MADPO only here)."""
+    text; iterative configs then force comparator_generation_mode="centralized")."""
 
 
 @dataclass
@@ -82,7 +82,6 @@ class MADPOConfig(OptimizerOptions, SeedOptions, PreferenceOptions, ReferenceKLO
 
     _allowed_pair_selection = ("reward_gap", "all", "random")
     _method = "MADPO"
-    _centralized_supported = True
 
     def __post_init__(self) -> None:
         self._validate_base()
@@ -92,9 +91,6 @@ class MADPOConfig(OptimizerOptions, SeedOptions, PreferenceOptions, ReferenceKLO
         if self.collaboration_mode not in ("decentralized", "centralized"):
             raise _bad("collaboration_mode must be decentralized or centralized.", self.collaboration_mode,
                        "decentralized, centralized")
-        if self.collaboration_mode == "centralized" and not self._centralized_supported:
-            raise _bad(f"collaboration_mode='centralized' is supported by MADPO only in comlrl-lightning "
-                       f"({type(self).__name__} is not).", self.collaboration_mode, "decentralized")
         check_training_counts(self)
         check_train_batch_size(self)
         normalize_parallel_training(self)
@@ -161,7 +157,6 @@ class MADPOIterConfig(_IterativePreferenceOptions, MADPOConfig):
 
     _allowed_pair_selection = ("reward_gap", "all", "random", "comparator_reward")
     _method = "MADPOIter"
-    _centralized_supported = False
 
     def __post_init__(self) -> None:
         self._validate_base()

@@ -35,7 +35,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from comlrl_lightning.config import IACConfig, MAACConfig
-from comlrl_lightning.evaluation import with_turn_mean
+from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
 from comlrl_lightning.generation import SamplingStream, sample_completions
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
@@ -270,18 +270,28 @@ class ActorCriticModule(TeamModuleBase):
         fresh seeded streams (training's streams are untouched).
 
         Returns ``eval/turn_{t}/reward_mean`` and ``eval/turn_{t}/expected_return`` (means over every agent's
-        sample of turn t), the KL means when enabled, and ``eval/reward_mean`` (= turn 1's).
+        sample of turn t), the KL means when enabled, and ``eval/reward_mean`` (= turn 1's), as an
+        :class:`~comlrl_lightning.evaluation.EvalMetrics` that also holds what was sampled for CoMLRL's
+        ``eval_logger``: ``completions[agent][item][turn]`` (an episode ended early has fewer turns).
         """
+        n = self.team.num_agents
         saved = self.streams
-        self.streams = [SamplingStream(seed + 7919 * i) for i in range(self.team.num_agents)]
+        self.streams = [SamplingStream(seed + 7919 * i) for i in range(n)]
         per_turn: dict[int, list[EpisodeSample]] = {}
+        completions: list[list[list[str]]] = [[[] for _ in items] for _ in range(n)]
         try:
             episodes = self.collect_batch([(f"eval {k}", item) for k, item in enumerate(items)], num_generations=1)
-            for s in (s for episode in episodes for s in episode):
-                per_turn.setdefault(s.turn + 1, []).append(s)
+            for k, episode in enumerate(episodes):  # one episode per item, in order
+                for s in sorted(episode, key=lambda s: (s.turn, s.agent)):
+                    per_turn.setdefault(s.turn + 1, []).append(s)
+                    # the sampled ids were trimmed at the first pad token: decoding them gives the sampled text
+                    completions[s.agent][k].append(
+                        self.team.tokenizers[s.agent].decode(s.completion_ids, skip_special_tokens=True))
         finally:
             self.streams = saved
-        out: dict[str, float] = {}
+        out = EvalMetrics()
+        out.completions, out.batch_items = completions, list(items)
+        out.raw_prompts = [item.get("prompt", "") if isinstance(item, dict) else "" for item in items]
         for t, samples in sorted(per_turn.items()):
             out.update({f"eval/turn_{t}/{key}": v for key, v in turn_summary(samples, self._kl_coef()).items()})
         if out:

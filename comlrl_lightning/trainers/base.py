@@ -49,6 +49,44 @@ class TeamTrainer:
             centralized = getattr(self.args, "collaboration_mode", None) == "centralized"
             sync_num_agents(self.args, None if centralized else agents, num_agents)
 
+    def _centralized(self, agents: Any, tokenizer: Any, formatters: Any, reward_func: Any, adapter: Any
+                     ) -> tuple[Any, list, Any]:
+        """``collaboration_mode="centralized"`` (docs/coming-from-comlrl.md): one learner writes every role in one
+        joint text. Returns the learner's args (``num_agents=1``, decentralized inside), its only formatter (the
+        adapter's joint prompt) and the task reward over joint texts (parsed by the adapter; default: CoMLRL's
+        tagged format).
+
+        Iterative configs: the comparator is forced to centralized generation, done here by a one-agent
+        comparator on the same joint prompt, so its completions stay unparsed joint texts (pairs and replay
+        files hold raw joint texts). ``comparator_agents``/``comparator_devices`` given per role keep the
+        ``comparator_centralized_agent_index`` entry."""
+        import dataclasses
+
+        from comlrl_lightning.collaboration import CentralizedPrompt, CentralizedReward
+        from comlrl_lightning.comparators.centralized import TaggedCentralizedComparatorAdapter
+        from comlrl_lightning.data.tasks import build_formatters
+
+        if agents is not None and len(agents) != 1:
+            raise ValueError("Centralized collaboration requires exactly one actor model.")
+        if isinstance(tokenizer, (list, tuple)) and len(tokenizer) != 1:
+            raise ValueError("Centralized collaboration requires one actor tokenizer.")
+        adapter = adapter if adapter is not None else TaggedCentralizedComparatorAdapter()
+        for name in ("build_prompt", "parse_completion"):
+            if not callable(getattr(adapter, name, None)):
+                raise TypeError(f"centralized_comparator_adapter.{name} must be callable.")
+        roles = build_formatters(formatters, self.args.num_agents)
+        changes: dict[str, Any] = {"num_agents": 1, "collaboration_mode": "decentralized"}
+        if hasattr(self.args, "comparator_generation_mode"):
+            idx = self.args.comparator_centralized_agent_index
+            changes.update(comparator_generation_mode="decentralized", comparator_centralized_agent_index=0)
+            for name in ("comparator_agents", "comparator_devices"):
+                value = getattr(self.args, name)
+                if isinstance(value, (list, tuple)) and len(value) > 1:
+                    changes[name] = [value[idx]]
+        learner = dataclasses.replace(self.args, **changes)
+        self._joint_reward = CentralizedReward(adapter, reward_func, roles)  # splits eval texts for eval_logger
+        return learner, [CentralizedPrompt(adapter, roles)], self._joint_reward
+
     def _init_trainer(self, max_epochs: int, callbacks: Iterable[L.Callback], wandb_config: dict | None,
                       trainer_kwargs: dict | None, **forced: Any) -> None:
         """``self.trainer`` with the facades' defaults, the user's ``trainer_kwargs``, then ``forced`` (settings
@@ -70,9 +108,13 @@ class TeamTrainer:
     def _evaluation(self, has_eval: bool, eval_logger: Any = None, eval_aggregator: Any = None) -> Any:
         """The task-reward evaluation callback (with CoMLRL's ``eval_logger``/``eval_aggregator``); without eval
         data, every evaluation option or argument that was set warns once, naming it (nothing is silently
-        ignored)."""
+        ignored). Under centralized collaboration ``eval_logger`` receives the joint texts split per role."""
         from comlrl_lightning.callbacks import TaskRewardEvaluation
 
+        if eval_logger is not None and getattr(self, "_joint_reward", None) is not None:
+            from comlrl_lightning.collaboration import CentralizedEvalLogger
+
+            eval_logger = CentralizedEvalLogger(self._joint_reward, eval_logger)  # per-role texts, as CoMLRL
         if not has_eval:
             fields = getattr(type(self.args), "__dataclass_fields__", {})
             for name in ("eval_batch_size",):  # eval_interval/eval_num_samples keep CoMLRL's defaults in most configs

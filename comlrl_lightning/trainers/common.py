@@ -48,7 +48,8 @@ def trainer_kwargs_for(max_epochs: int, args: Any, algorithm: str, wandb_config:
 def wandb_logger(wandb_config: dict, args: Any, algorithm: str) -> Any:
     """A ``WandbLogger`` from CoMLRL's ``wandb_config`` keys (``project``, ``entity``, ``name``/``run_name``,
     ``dir``, ``tags``, ``id``, ``resume``, ``config_sections``). The run config holds ``algorithm``, every
-    option of ``args`` (literal API keys and secret headers redacted) and the config sections."""
+    option of ``args`` (literal API keys and secret headers redacted), the config sections and, under centralized
+    collaboration, ``num_roles`` and ``num_actor_models``."""
     from pathlib import Path
 
     from lightning.pytorch.loggers import WandbLogger
@@ -59,6 +60,8 @@ def wandb_logger(wandb_config: dict, args: Any, algorithm: str) -> Any:
     sections = dict(cfg.get("config_sections") or {})
     options = redact_secrets(dict(args.to_dict()) if hasattr(args, "to_dict") else {})
     run_config = {"algorithm": algorithm, **options, **sections}
+    if options.get("collaboration_mode") == "centralized":  # R roles written by one actor model
+        run_config.update(num_roles=args.num_agents, num_actor_models=1)
     dataset = sections.get("dataset") or {}
     if isinstance(dataset, dict):
         run_config.update({f"dataset_{k}": dataset[k] for k in ("name", "type") if k in dataset})

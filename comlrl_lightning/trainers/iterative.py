@@ -47,7 +47,9 @@ class MADPOIterTrainer(TeamTrainer):
     :class:`~comlrl_lightning.config.MADPOIterConfig`. ``comparator`` overrides the source built from
     ``args.comparator_policy``; ``evaluation=False`` drops the task-reward evaluation callback;
     ``centralized_comparator_adapter`` (an object with ``build_prompt`` and ``parse_completion``) replaces the
-    tagged format of ``comparator_generation_mode='centralized'``.
+    tagged format of ``comparator_generation_mode='centralized'``. With ``args.collaboration_mode="centralized"``
+    one learner writes every role in one joint text (as :class:`~comlrl_lightning.trainers.preference.MADPOTrainer`)
+    and its comparator samples the same joint prompt, its completions kept as unparsed joint texts.
     """
 
     config_cls = MADPOIterConfig
@@ -81,16 +83,20 @@ class MADPOIterTrainer(TeamTrainer):
         self._unused_transition(external_transition)
         if self.args.log_reward_distribution:
             resolve_reward_range(reward_func)  # checked at construction, as upstream
+        learner_args, centralized = self.args, self.args.collaboration_mode == "centralized"
+        if centralized:  # the adapter builds the joint prompt; the comparator samples the same prompt
+            learner_args, formatters, reward_func = self._centralized(agents, tokenizer, formatters, reward_func,
+                                                                      centralized_comparator_adapter)
         self.module = MADPOModule(agent_model=agent_model, agents=agents, tokenizer=tokenizer,
-                                  model_config=model_config, lora=lora, args=self.args)
+                                  model_config=model_config, lora=lora, args=learner_args)
         self.comparator = comparator if comparator is not None else build_comparator(
-            self.args, model_config, adapter=centralized_comparator_adapter)
+            learner_args, model_config, adapter=centralized_comparator_adapter)
         self.datamodule = IterativePreferenceDataModule(
             train_dataset=train_dataset, eval_dataset=eval_dataset, reward_func=reward_func,
-            reward_processor=reward_processor, formatters=formatters, num_agents=self.args.num_agents,
-            seed=self.args.seed, comparator=self.comparator,
+            reward_processor=reward_processor, formatters=formatters, num_agents=learner_args.num_agents,
+            seed=self.args.seed, comparator=self.comparator, score_last_token=centralized,
         )
-        self.round_callbacks = round_callbacks(self.args)
+        self.round_callbacks = round_callbacks(learner_args)
         extra = ([self._evaluation(bool(self.datamodule.eval_items), eval_logger, eval_aggregator)]
                  if evaluation else [])
         self._init_trainer(self.args.num_iterations * self.args.num_train_epochs,

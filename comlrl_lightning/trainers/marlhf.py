@@ -57,8 +57,11 @@ class MARLHFTrainer(TeamTrainer):
     ``formatters``, ``args`` (:class:`~comlrl_lightning.config.MARLHFConfig`); keyword-only
     ``metrics_callback``, ``critic_model`` and ``critics`` (maac/iac only). Ours: ``reward_model`` (a
     JointRewardModel template, e.g. over a model object; a fresh copy is trained), ``reward_val_fraction``
-    (hold out pairs to report the reward model's held-out accuracy), ``lora``, ``evaluation``, extra
-    ``callbacks`` and ``trainer_kwargs``.
+    (hold out pairs to report the reward model's held-out accuracy), ``centralized_comparator_adapter`` (the
+    joint-text format of ``collaboration_mode="centralized"``), ``lora``, ``evaluation``, extra
+    ``callbacks`` and ``trainer_kwargs``. With ``args.collaboration_mode="centralized"`` one learner writes every
+    role in one joint text (as :class:`~comlrl_lightning.trainers.preference.MADPOTrainer`): the reward model
+    reads the raw joint text and the RL stage trains that one learner (``learner_args``: ``num_agents=1``).
     """
 
     config_cls: type[MARLHFConfig] = MARLHFConfig
@@ -91,15 +94,21 @@ class MARLHFTrainer(TeamTrainer):
         external_transition: Callable | None = None,
         eval_logger: Callable | None = None,
         eval_aggregator: Callable | None = None,
+        centralized_comparator_adapter: Any = None,
     ):
+        self._adapter = centralized_comparator_adapter
         self._init_args(args, agent_model, agents, reward_func, train_dataset, num_agents)
         self._unused_transition(external_transition)
         self._check_reward_distribution(reward_func)
         _check_reward_source(agent_model, agents, self.args, reward_model)
+        self.learner_args = self.args
+        if self.args.collaboration_mode == "centralized":  # one learner; reward-model inputs hold the joint text
+            self.learner_args, formatters, reward_func = self._centralized(
+                agents, tokenizer, formatters, reward_func, self._adapter)
         ac = {"critic_model": critic_model, "critics": critics, "metrics_callback": metrics_callback}
         self.module = build_marlhf_module(
-            self.args, agent_model=agent_model if agents is None else None, agents=agents, tokenizer=tokenizer,
-            model_config=model_config, lora=lora, **{k: v for k, v in ac.items() if v is not None})
+            self.learner_args, agent_model=agent_model if agents is None else None, agents=agents,
+            tokenizer=tokenizer, model_config=model_config, lora=lora, **{k: v for k, v in ac.items() if v is not None})
         self.datamodule = self._datamodule(train_dataset, eval_dataset, reward_func, reward_processor, formatters)
         self.round_callbacks = self._round_callbacks(reward_model, reward_val_fraction)
         self.evaluation = (self._evaluation(bool(self.datamodule.eval_items), eval_logger, eval_aggregator)
@@ -117,7 +126,7 @@ class MARLHFTrainer(TeamTrainer):
 
         return TaskDataModule(train_dataset=train_dataset, eval_dataset=eval_dataset, reward_func=reward_func,
                               reward_processor=reward_processor, formatters=formatters,
-                              num_agents=self.args.num_agents, seed=self.args.seed)
+                              num_agents=self.learner_args.num_agents, seed=self.args.seed)
 
     def _round_callbacks(self, reward_model: Any, val_fraction: float) -> list[L.Callback]:
         self.reward_fit = LearnedRewardFit(reward_model, val_fraction=val_fraction)
@@ -151,18 +160,18 @@ class MARLHFIterTrainer(MARLHFTrainer):
     def __init__(self, *args: Any, comparator: Any = None, centralized_comparator_adapter: Any = None,
                  **kwargs: Any):
         self._comparator_arg = comparator
-        self._adapter = centralized_comparator_adapter
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, centralized_comparator_adapter=centralized_comparator_adapter, **kwargs)
 
     def _datamodule(self, train_dataset, eval_dataset, reward_func, reward_processor, formatters):
         from comlrl_lightning.comparators.local import build_comparator
         from comlrl_lightning.data.marlhf import MARLHFIterDataModule
 
         self.comparator = self._comparator_arg if self._comparator_arg is not None else build_comparator(
-            self.args, self.module.hparams.get("model_config"), adapter=self._adapter)
+            self.learner_args, self.module.hparams.get("model_config"), adapter=self._adapter)
         return MARLHFIterDataModule(train_dataset=train_dataset, eval_dataset=eval_dataset, reward_func=reward_func,
                                     reward_processor=reward_processor, formatters=formatters,
-                                    num_agents=self.args.num_agents, seed=self.args.seed, comparator=self.comparator)
+                                    num_agents=self.learner_args.num_agents, seed=self.args.seed,
+                                    comparator=self.comparator)
 
     def _round_callbacks(self, reward_model: Any, val_fraction: float) -> list[L.Callback]:
         args = self.args

@@ -103,24 +103,3 @@ class MADPOTrainer(TeamTrainer):
         self.evaluation = self._evaluation(bool(self.datamodule.eval_items), eval_logger, eval_aggregator)
         self._init_trainer(self.args.num_train_epochs, [self.collection, self.evaluation, *callbacks], wandb_config,
                            trainer_kwargs)
-
-    def _centralized(self, agents, tokenizer, formatters, reward_func, adapter):
-        """``collaboration_mode="centralized"``: one learner (num_agents=1 inside) writes every role in one joint
-        text; its prompt and the task reward go through ``adapter`` (default: CoMLRL's tagged format)."""
-        import dataclasses
-
-        from comlrl_lightning.collaboration import CentralizedPrompt, CentralizedReward
-        from comlrl_lightning.comparators.centralized import TaggedCentralizedComparatorAdapter
-        from comlrl_lightning.data.tasks import build_formatters
-
-        if agents is not None and len(agents) != 1:
-            raise ValueError("Centralized collaboration requires exactly one actor model.")
-        if isinstance(tokenizer, (list, tuple)) and len(tokenizer) != 1:
-            raise ValueError("Centralized collaboration requires one actor tokenizer.")
-        adapter = adapter if adapter is not None else TaggedCentralizedComparatorAdapter()
-        for name in ("build_prompt", "parse_completion"):
-            if not callable(getattr(adapter, name, None)):
-                raise TypeError(f"centralized_comparator_adapter.{name} must be callable.")
-        roles = build_formatters(formatters, self.args.num_agents)
-        learner = dataclasses.replace(self.args, num_agents=1)
-        return learner, [CentralizedPrompt(adapter, roles)], CentralizedReward(adapter, reward_func, roles)

@@ -109,7 +109,6 @@ BASE_ERRORS = [
      "collaboration_mode must be decentralized or centralized."),
     ({"collaboration_mode": "Decentralized"}, "collaboration_mode", "Decentralized",
      "collaboration_mode must be decentralized or centralized."),
-    ({"collaboration_mode": "centralized"}, "collaboration_mode", "centralized", None),
     ({"max_new_tokens": 0}, "max_new_tokens", 0, None),
     ({"temperature": 0.0}, "temperature", 0.0, None),
     ({"top_p": 0.0}, "top_p", 0.0, None),
@@ -128,9 +127,6 @@ def test_base_validation_errors(cls, kwargs, option, value, opening):
         pytest.skip("comparator_reward is valid for the iterative config")
     if cls is MADPOIterConfig and kwargs == {"pair_selection": "all"}:
         value = 4  # the iterative default limit
-    if cls is MADPOConfig and kwargs == {"collaboration_mode": "centralized"}:
-        assert cls(**kwargs).collaboration_mode == "centralized"  # MADPO has centralized collaboration
-        return
     with pytest.raises(ValueError) as err:
         cls(**kwargs)
     msg = str(err.value)

@@ -231,9 +231,10 @@ def test_mode_aliases_and_argument_checks():
     ]:
         options = {"client": lambda messages: "{}"} if mode == "expert_edits" else {}
         assert make_code_transition(alias, **options).mode == mode
-    for bad in ("passed", "level_passed", "signals", "bogus"):
-        with pytest.raises(ValueError, match="not supported"):
-            make_code_transition(bad)
+    for alias, mode in [("level_passed", "level_passed"), ("Signals", "level_passed"), ("passed", "passed")]:
+        assert make_code_transition(alias).mode == mode
+    with pytest.raises(ValueError, match="not supported"):
+        make_code_transition("bogus")
     with pytest.raises(ValueError, match="client"):
         make_code_transition("expert_edits")
     t = make_code_transition("plain", problems=[ITEM])
@@ -318,6 +319,63 @@ def test_level_feedback_syntax_error_missing_definitions_and_history():
     assert "- sum_sq definition: MISSING (main function (sum_sq) not defined)" in aux_p
     no_history = make_code_transition("level_feedback", include_history=False).bind(item)
     assert no_history("x", [AUX, broken], 2, [["p"], ["q"]], [["a"], ["b"]]).count("History") == 0
+
+
+@linux_only
+def test_level_passed_signals():
+    t = make_code_transition("signals", problems=[ITEM], sandbox_slice="all", timeout_s=2.0)
+    aux_p, main_p = t(ITEM["prompt"], [AUX, MAIN_HALF], 2)
+    assert aux_p.splitlines() == [
+        "Your previous aux(...) implementation:", "def aux(x):", "    return x * x", "",
+        "Signals:", "- Implementation: OK", "- Syntax: Syntax correct", "- Tests: Passed 2/4 tests", "",
+        "Revise your aux(...) accordingly. Output ONLY the function code.",
+    ]
+    lines = main_p.splitlines()
+    assert lines[0] == "Your previous main implementation:" and lines[1] == "def sum_sq(nums):"
+    assert lines[-7:] == [
+        "Signals:", "- Implementation: OK", "- Syntax: Syntax correct", "- Tests: Passed 2/4 tests",
+        "- Aux usage: Aux call present and used", "", "Revise your sum_sq(...) accordingly. Output ONLY the function code.",
+    ]
+    assert "- Tests: Passed all tests" in t(ITEM["prompt"], [AUX, MAIN_USES_AUX], 2)[1]
+    assert "- Aux usage: Main does not call aux" in t(ITEM["prompt"], [AUX, MAIN_ALONE], 2)[1]
+    assert "- Aux usage: Aux called but result not used properly" in t(ITEM["prompt"], [AUX, MAIN_IGNORES], 2)[1]
+    aux_p, main_p = t(ITEM["prompt"], ["nothing", "nothing"], 2)
+    assert "- Implementation: No implementation found in required structure" in aux_p
+    assert "<no implementation found>" in main_p and "- Aux usage: Main missing; cannot check aux usage" in main_p
+    assert "- Tests: No tests passed" in main_p
+    broken = make_code_transition("level_passed", problems=[ITEM])(ITEM["prompt"], [AUX, "def sum_sq(n):\n  return (\n"], 2)
+    assert "- Syntax: Syntax not correct" in broken[0] and "- Tests: No tests passed" in broken[0]
+    no_tests = make_code_transition("level_passed").bind(dict(ITEM, test=""))
+    assert "- Tests: No tests found" in no_tests("x", [AUX, MAIN_ALONE], 2)[1]
+    # CoMLRL's external keys: original_prompt adds the first-turn instruction, previous_response=False drops the code
+    from comlrl_lightning.envs.code.prompts import aux_prompt
+    from comlrl_lightning.envs.code.transitions import external_options
+
+    flags = make_code_transition(**external_options({"mode": "signals", "original_prompt": True,
+                                                     "previous_response": False}), problems=[ITEM])
+    aux_p, main_p = flags(ITEM["prompt"], [AUX, MAIN_USES_AUX], 2)
+    assert aux_p.startswith(aux_prompt(ITEM) + "\n\nSignals:") and "previous" not in main_p
+
+
+@linux_only
+def test_passed_single_signal():
+    t = make_code_transition("passed", problems=[ITEM], sandbox_slice="all", timeout_s=2.0)
+    aux_p, main_p = t(ITEM["prompt"], [AUX, MAIN_USES_AUX], 2)
+    assert aux_p.splitlines()[-3:] == ["Signal: All levels passed", "",
+                                        "Revise your aux(...) if needed. Output ONLY the function code."]
+    assert main_p.startswith("Your previous main implementation:\ndef sum_sq(nums):")
+    assert main_p.endswith("Signal: All levels passed\n\nRevise your sum_sq(...) if needed. Output ONLY the function code.")
+    assert "Signal: Not all levels passed" in t(ITEM["prompt"], [AUX, MAIN_HALF], 2)[0]
+    assert "Signal: Not all levels passed" in t(ITEM["prompt"], [AUX, "nothing"], 2)[1]  # main missing
+    # no tests means not passed
+    assert "Signal: Not all levels passed" in make_code_transition("passed").bind(dict(ITEM, test=""))(
+        "x", [AUX, MAIN_ALONE], 2)[1]
+
+
+@pytest.mark.parametrize("mode", ["level_passed", "passed"])
+def test_signal_modes_need_the_task(mode):
+    with pytest.raises(ValueError, match="register"):
+        make_code_transition(mode)("def unknown():\n    pass\n", [AUX, MAIN_ALONE], 2)
 
 
 def test_level_feedback_needs_the_task():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -157,6 +158,38 @@ def test_multiturn_evaluation_reports_every_turn_and_keeps_training_streams(tiny
     assert out["eval/turn_2/reward_mean"] == pytest.approx(2.0)
     assert out["eval/turn_1/expected_return"] == pytest.approx(4.0)
     assert all(torch.equal(a, s.state_dict()["rng_state"]) for a, s in zip(state, m.streams))
+    # what was sampled, for CoMLRL's eval_logger: completions[agent][item][turn], the texts the reward saw
+    assert len(out.completions) == 2 and all(len(per_item) == 2 for per_item in out.completions)
+    assert all(len(turns) == 2 and all(isinstance(c, str) for c in turns) for a in out.completions for turns in a)
+    assert out.batch_items == ITEMS[:2] and out.raw_prompts == [i["prompt"] for i in ITEMS[:2]]
+
+
+def test_multiturn_eval_logger_sees_the_sampled_texts(tiny_model_dir):
+    seen = []
+
+    def reward(c1, c2):
+        seen.append((c1[0], c2[0]))
+        return [1.0]
+
+    def logger(agent_completions_turns, batch_items, prompts):
+        return [{"turns": float(len(agent_completions_turns[0][k]))} for k in range(len(prompts))]
+
+    def aggregator(metrics, num_turns):
+        return {"turns_mean": sum(m["turns"] for m in metrics) / len(metrics)}
+
+    tr = IACTrainer(agent_model=tiny_model_dir, reward_func=reward, train_dataset=ITEMS[:1], eval_dataset=ITEMS[:2],
+                    formatters=FORMATTERS, external_transition=plain_transition, eval_logger=logger,
+                    eval_aggregator=aggregator, trainer_kwargs=cpu_trainer_kwargs(),
+                    args=IACConfig(num_turns=2, eval_num_samples=2, use_separate_critic=False, **SMALL))
+    tr.module.bind_task(tr.datamodule.formatters, tr.datamodule.oracle, tr.datamodule.external_transition)
+    seen.clear()
+    out = tr.module.evaluate(ITEMS[:2], tr.datamodule)
+    # the recorded texts are exactly the ones the reward scored, turn by turn
+    assert [(out.completions[0][k][t], out.completions[1][k][t]) for t in range(2) for k in range(2)] == seen
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no "records no completions" warning any more
+        metrics = tr.train()
+    assert metrics["eval/turns_mean"] == 2.0
 
 
 def test_reference_kl_is_subtracted_from_the_reward(tiny_model_dir):

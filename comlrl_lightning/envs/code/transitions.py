@@ -11,12 +11,13 @@ upstream's context resolver, the transition keeps a table from the whitespace-no
 to the task (``entry_point``, ``test``): fill it with ``problems=`` (any iterable of task dicts,
 e.g. the train and eval datasets) or ``register(items)``. ``bind(item)`` returns a copy fixed to
 one task, for callers that drive a single item. An unknown prompt still gets an entry point parsed
-from its last ``def``, but ``level_feedback`` then raises: it cannot run tests it does not know.
+from its last ``def``, but ``level_feedback``, ``level_passed`` and ``passed`` then raise: they cannot run
+tests they do not know.
 
-Modes (case-insensitive; aliases of the spec): ``plain``; ``level_feedback`` | ``feedback``;
-``expert_edits`` | ``expert`` | ``edits``. ``level_passed``/``signals``/``passed`` are not
-implemented and raise ValueError. :func:`external_options` maps CoMLRL's ``external.*`` config keys
-(``mode``, ``original_prompt``, ``previous_response``, ...) onto these options.
+Modes (case-insensitive; aliases of docs/multiturn.md §5.1): ``plain``; ``level_feedback`` | ``feedback``;
+``level_passed`` | ``signals`` (compact signals: implementation, syntax, tests, aux usage); ``passed`` (one
+pass/fail signal); ``expert_edits`` | ``expert`` | ``edits``. :func:`external_options` maps CoMLRL's
+``external.*`` config keys (``mode``, ``original_prompt``, ``previous_response``, ...) onto these options.
 
 Follow-up prompts of ``plain`` and ``expert_edits`` show the agent its own previous code; ``plain`` and
 ``level_feedback`` add the prompt/response history when the trainer passes it (``include_history``).
@@ -49,8 +50,11 @@ MODE_ALIASES = {
     "expert_edits": "expert_edits",
     "expert": "expert_edits",
     "edits": "expert_edits",
+    "level_passed": "level_passed",
+    "signals": "level_passed",
+    "passed": "passed",
 }
-_UNSUPPORTED = {"level_passed", "signals", "passed"}
+_RUNS_TESTS = ("level_feedback", "level_passed", "passed")  # modes that need the task's tests
 NO_CHANGES = "Perfect! No changes needed!"
 
 
@@ -59,10 +63,7 @@ def normalize_mode(mode: str) -> str:
     key = str(mode).strip().lower()
     if key in MODE_ALIASES:
         return MODE_ALIASES[key]
-    hint = " (not implemented in comlrl-lightning)" if key in _UNSUPPORTED else ""
-    raise ValueError(
-        f"external transition mode {mode!r} is not supported{hint}; allowed: {sorted(MODE_ALIASES)}"
-    )
+    raise ValueError(f"external transition mode {mode!r} is not supported; allowed: {sorted(MODE_ALIASES)}")
 
 
 def parse_sandbox_slice(value) -> int | None:
@@ -147,8 +148,9 @@ class CodeTransition:
     Options (all modes): ``problems`` (task dicts to register), ``include_history`` (True: add the
     history section to ``level_feedback`` prompts when histories are passed).
     ``plain``: ``original_prompt_flag`` (False), ``previous_response_flag`` (True).
-    ``level_feedback``: ``sandbox_slice`` (1), ``timeout_s`` (10), ``max_timeouts`` (3), plus
-    sandbox options (``memory_mb``, ...).
+    ``level_feedback``, ``level_passed``, ``passed``: ``sandbox_slice`` (1), ``timeout_s`` (10), ``max_timeouts``
+    (3), plus sandbox options (``memory_mb``, ...). ``level_passed`` and ``passed`` also take
+    ``original_prompt_flag`` (False) and ``previous_response_flag`` (True), as ``plain``.
     ``expert_edits``: ``client`` (``client(messages: list[dict]) -> str``), or ``expert_url`` with
     ``expert_model``, ``expert_format`` ("openai", "anthropic", "openai_responses", "generic") and
     ``expert_key_env`` to use the project's HTTP client, or nothing (the default expert, see the module
@@ -240,9 +242,9 @@ class CodeTransition:
         if ctx is not None:
             return ctx
         entry = _last_def_name(prompt)
-        if self.mode == "level_feedback":
+        if self.mode in _RUNS_TESTS:
             raise ValueError(
-                "level_feedback transition: no task registered for this prompt, so its tests are "
+                f"{self.mode} transition: no task registered for this prompt, so its tests are "
                 "unknown; pass problems=<dataset> to make_code_transition, call register(items), "
                 "or use bind(item)"
             )
@@ -274,6 +276,8 @@ class CodeTransition:
             prompts = self._level_feedback(
                 ctx, aux_text, main_text, prompt_history_per_agent, response_history_per_agent
             )
+        elif self.mode in ("level_passed", "passed"):
+            prompts = self._signals(ctx, aux_text, main_text)
         else:
             prompts = self._expert_edits(ctx, aux_text, main_text)
         if not self._previewed:
@@ -304,11 +308,10 @@ class CodeTransition:
         return out
 
     # level_feedback -----------------------------------------------------------------------
-    def _level_feedback(self, ctx, aux_text, main_text, prompt_history, response_history) -> list[str]:
-        entry = ctx["entry_point"]
-        analysis = analyze(aux_text, main_text, entry, ctx["prompt"])
+    def _run_tests(self, ctx: dict, analysis: CodeAnalysis) -> tuple[list, list]:
+        """The (sliced) test cases of the task and their sandbox results (none when the syntax is broken)."""
         test_code = slice_tests(ctx["test"], self.sandbox_slice)
-        cases = extract_test_cases(test_code, entry)
+        cases = extract_test_cases(test_code, ctx["entry_point"])
         results = []
         if analysis.syntax_ok and cases:
             results = run_cases(
@@ -319,6 +322,12 @@ class CodeTransition:
                 max_timeouts=self.max_timeouts,
                 **self.sandbox_options,
             )
+        return cases, results
+
+    def _level_feedback(self, ctx, aux_text, main_text, prompt_history, response_history) -> list[str]:
+        entry = ctx["entry_point"]
+        analysis = analyze(aux_text, main_text, entry, ctx["prompt"])
+        cases, results = self._run_tests(ctx, analysis)
         diagnostics = self._diagnostics(analysis, cases, results)
         out = []
         for agent, role in enumerate(("aux", "main")):
@@ -365,6 +374,53 @@ class CodeTransition:
                     case = " ".join(r.case.split())
                     lines.append(f"- Failed case: {case} -> {r.error_type}: {r.error_message or ''}".rstrip())
         return lines
+
+    # level_passed / passed ----------------------------------------------------------------
+    def _signals(self, ctx: dict, aux_text: str, main_text: str) -> list[str]:
+        """Short follow-ups (docs/multiturn.md §5.1): the optional first-turn prompt, the agent's previous code,
+        then either the ``level_passed`` signals (implementation, syntax, tests, and aux usage for main) or
+        the single ``passed`` signal (syntax OK, main defined, and every test passed), then "Revise ..."."""
+        entry = ctx["entry_point"]
+        analysis = analyze(aux_text, main_text, entry, ctx["prompt"])
+        cases, results = self._run_tests(ctx, analysis)
+        total, passed = len(cases), sum(r.passed for r in results)
+        if self.mode == "passed":
+            ok = analysis.syntax_ok and analysis.main_ok and 0 < total == passed
+            signal = "All levels passed" if ok else "Not all levels passed"
+            tail = {role: [f"Signal: {signal}", ""] for role in ("aux", "main")}
+            verb = "if needed"
+        else:
+            tests = ("No tests found" if total == 0 else "Passed all tests" if passed == total
+                     else "No tests passed" if passed == 0 else f"Passed {passed}/{total} tests")
+            syntax = "Syntax correct" if analysis.syntax_ok else "Syntax not correct"
+            if not analysis.main_ok:
+                usage = "Main missing; cannot check aux usage"
+            elif not analysis.calls_aux:
+                usage = "Main does not call aux"
+            elif analysis.ignored_aux_calls:
+                usage = "Aux called but result not used properly"
+            else:
+                usage = "Aux call present and used"
+            tail = {}
+            for role, ok in (("aux", analysis.aux_ok), ("main", analysis.main_ok)):
+                impl = "OK" if ok else "No implementation found in required structure"
+                tail[role] = ["Signals:", f"- Implementation: {impl}", f"- Syntax: {syntax}", f"- Tests: {tests}"]
+                tail[role] += [f"- Aux usage: {usage}", ""] if role == "main" else [""]
+            verb = "accordingly"
+        out = []
+        for role, src in (("aux", analysis.aux_src), ("main", analysis.main_src)):
+            lines = []
+            if self.original_prompt_flag and entry:
+                item = {"prompt": ctx["prompt"], "entry_point": entry}
+                lines += [aux_prompt(item) if role == "aux" else main_prompt(item), ""]
+            if self.previous_response_flag:
+                label = f"{AUX_NAME}(...)" if role == "aux" else "main"
+                lines += [f"Your previous {label} implementation:", src or "<no implementation found>", ""]
+            lines += tail[role]
+            name = AUX_NAME if role == "aux" else entry or "main"
+            lines.append(f"Revise your {name}(...) {verb}. Output ONLY the function code.")
+            out.append("\n".join(lines))
+        return out
 
     # expert_edits -------------------------------------------------------------------------
     def _expert_edits(self, ctx: dict, aux_text: str, main_text: str) -> list[str]:
