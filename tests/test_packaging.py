@@ -95,6 +95,8 @@ def test_installed_wheel_imports_and_runs_outside_the_repo(built):
         "    cli.main(['--help'])\n"
         "except SystemExit as exc:\n"
         "    print('EXIT:' + repr(exc.code))\n"
+        "else:\n"
+        "    print('EXIT:None')\n"
     )
     res = _run([sys.executable, "-c", code], built["cwd"], _env(PYTHONPATH=str(site)))
     assert res.returncode == 0, res.stderr
