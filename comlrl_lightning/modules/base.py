@@ -203,7 +203,8 @@ class TeamModuleBase(L.LightningModule):
 
     def configure_optimizers(self):
         """One optimizer per agent (``optimizer`` factory, else AdamW at ``agent_learning_rate``), then
-        :meth:`extra_optimizers`; with an ``lr_scheduler`` factory, one scheduler per agent optimizer."""
+        :meth:`extra_optimizers`; with an ``lr_scheduler`` factory, one scheduler per agent optimizer, named
+        ``lr-agent{i}`` (the key ``LearningRateMonitor`` logs it under)."""
         optimizers, schedulers = [], []
         for i in range(self.team.num_agents):
             params = self.agent_parameters(i)
@@ -213,7 +214,7 @@ class TeamModuleBase(L.LightningModule):
                    else torch.optim.AdamW(params, lr=self.args.agent_learning_rate))
             optimizers.append(opt)
             if self.scheduler_factory is not None:
-                schedulers.append(self.scheduler_factory(opt))
+                schedulers.append({"scheduler": self.scheduler_factory(opt), "name": f"lr-agent{i}"})
         optimizers += self.extra_optimizers()
         return (optimizers, schedulers) if schedulers else optimizers
 

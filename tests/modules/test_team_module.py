@@ -30,7 +30,9 @@ def test_iac_optimizer_factory_drives_the_actors_and_the_critics_keep_adamw(tiny
     assert isinstance(m, TeamModuleBase)
     optimizers, schedulers = m.configure_optimizers()
     assert _kinds(optimizers) == [("SGD", 0.05), ("SGD", 0.05), ("AdamW", 3e-3), ("AdamW", 3e-3)]
-    assert [s.optimizer for s in schedulers] == optimizers[:2] and schedulers[0].step_size == 7
+    assert [s["scheduler"].optimizer for s in schedulers] == optimizers[:2]
+    assert schedulers[0]["scheduler"].step_size == 7
+    assert [s["name"] for s in schedulers] == ["lr-agent0", "lr-agent1"]
     # the attached value heads are trained by their actor's optimizer
     heads = ActorCriticModule(agent_model=tiny_model_dir, args=IACConfig(use_separate_critic=False, **SMALL),
                               optimizer=functools.partial(torch.optim.SGD, lr=0.05))
@@ -69,3 +71,27 @@ def test_progress_state_round_trip(tiny_model_dir):
     fresh = MADPOModule(agent_model=tiny_model_dir)
     fresh.on_load_checkpoint(ckpt)
     assert (fresh.env_step, fresh.updates_seen, fresh.round_index) == (12, 5, 2)
+
+
+def test_learning_rates_are_logged_per_agent(tiny_model_dir, tmp_path):
+    """LearningRateMonitor logs each agent's learning rate under lr-agent{i} (not lr-AdamW-1)."""
+    import lightning as L
+    from conftest import cpu_trainer_kwargs
+    from lightning.pytorch.callbacks import LearningRateMonitor
+
+    from comlrl_lightning.callbacks import PreferenceCollection
+    from comlrl_lightning.config import MADPOConfig
+    from comlrl_lightning.data.preference import PreferenceDataModule
+    from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
+
+    small = {k: v for k, v in SMALL.items() if k != "critic_learning_rate"}
+    args = MADPOConfig(**small, preference_num_candidates=2, preference_pairs_per_sample=1, train_batch_size=4)
+    module = MADPOModule(agent_model=tiny_model_dir, args=args,
+                         lr_scheduler=functools.partial(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5))
+    dm = PreferenceDataModule(train_dataset="builtin:cooperative", eval_dataset=None, reward_func=cooperative_reward,
+                              formatters=FORMATTERS, num_agents=2)
+    monitor = LearningRateMonitor()
+    trainer = L.Trainer(callbacks=[PreferenceCollection(), monitor], max_steps=4,
+                        **cpu_trainer_kwargs(default_root_dir=str(tmp_path), logger=True))
+    trainer.fit(module, datamodule=dm)
+    assert set(monitor.lrs) == {"lr-agent0", "lr-agent1"}
