@@ -13,7 +13,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from comlrl_lightning.data.tasks import PREDICT_REFUSED, IndexedList, eval_batches, load_task_setup, resolve_callable
+from comlrl_lightning.data.tasks import EvalDataloaders, IndexedList, load_task_setup, resolve_callable
 from comlrl_lightning.generation import context_limit, truncate_prompt_ids
 from comlrl_lightning.logprobs import build_scoring_batch
 from comlrl_lightning.preferences import PreferencePair
@@ -50,7 +50,7 @@ _PairList = IndexedList  # pairs served as (index, pair)
 _resolve_callable = resolve_callable  # kept for importers
 
 
-class PreferenceDataModule(L.LightningDataModule):
+class PreferenceDataModule(EvalDataloaders, L.LightningDataModule):
     """Task items + oracle + preference pairs.
 
     Args:
@@ -112,17 +112,6 @@ class PreferenceDataModule(L.LightningDataModule):
         if self.batch_size is None:
             args = getattr(module, "args", None)
             self.batch_size = getattr(args, "train_batch_size", None) or 2
-
-    def val_dataloader(self) -> Any:
-        """All eval items as one batch (``comlrl-lightning validate``); empty during fit."""
-        return eval_batches(self)
-
-    def test_dataloader(self) -> Any:
-        """As :meth:`val_dataloader` (``comlrl-lightning test``)."""
-        return eval_batches(self)
-
-    def predict_dataloader(self) -> Any:
-        raise NotImplementedError(PREDICT_REFUSED)
 
     def train_dataloader(self) -> DataLoader:
         epoch = self.trainer.current_epoch if self.trainer is not None else 0

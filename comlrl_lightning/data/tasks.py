@@ -185,6 +185,22 @@ PREDICT_REFUSED = ("predict is not supported for team training: use `comlrl-ligh
                    "<config> --model.init_args.agent_model=<run>/agents`.")
 
 
+class EvalDataloaders:
+    """Mixin of the task data modules: ``validate``/``test`` serve all eval items as one batch
+    (:func:`eval_batches`); ``predict`` is refused with a message naming validate/test."""
+
+    def val_dataloader(self) -> Any:
+        """All eval items as one batch (``comlrl-lightning validate``); empty during fit."""
+        return eval_batches(self)
+
+    def test_dataloader(self) -> Any:
+        """As :meth:`val_dataloader` (``comlrl-lightning test``)."""
+        return eval_batches(self)
+
+    def predict_dataloader(self) -> Any:
+        raise NotImplementedError(PREDICT_REFUSED)
+
+
 class _OneBatch:
     """An iterable yielding ``items`` as a single batch (a plain list would read as a list of loaders)."""
 

@@ -14,7 +14,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from comlrl_lightning.data.tasks import PREDICT_REFUSED, IndexedList, eval_batches, load_task_setup, resolve_callable
+from comlrl_lightning.data.tasks import EvalDataloaders, IndexedList, load_task_setup, resolve_callable
 
 
 def _collate(batch: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
@@ -24,7 +24,7 @@ def _collate(batch: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
 _Items = IndexedList  # task items served as (index, item)
 
 
-class TaskDataModule(L.LightningDataModule):
+class TaskDataModule(EvalDataloaders, L.LightningDataModule):
     """Task items + oracle + formatters (+ external transition) for the RL trainers.
 
     Args:
@@ -93,17 +93,6 @@ class TaskDataModule(L.LightningDataModule):
         if team is not None and team.num_agents != self.num_agents:
             raise ValueError(f"The data module was built for num_agents={self.num_agents} but the module has "
                              f"{team.num_agents} agents.")
-
-    def val_dataloader(self) -> Any:
-        """All eval items as one batch (``comlrl-lightning validate``); empty during fit."""
-        return eval_batches(self)
-
-    def test_dataloader(self) -> Any:
-        """As :meth:`val_dataloader` (``comlrl-lightning test``)."""
-        return eval_batches(self)
-
-    def predict_dataloader(self) -> Any:
-        raise NotImplementedError(PREDICT_REFUSED)
 
     def train_dataloader(self) -> DataLoader:
         epoch = self.trainer.current_epoch if self.trainer is not None else 0

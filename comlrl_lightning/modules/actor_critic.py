@@ -21,6 +21,10 @@ Optimizers: one per actor (the ``optimizer`` factory, default AdamW at ``agent_l
 shared critic steps after every actor minibatch. ``trainer.global_step`` counts every optimizer step.
 ``env_step`` counts samples per agent (K per single-turn item, T′ per episode); ``updates_seen`` counts
 training items (the evaluation schedule counts items).
+
+Length: what is left here is the LightningModule alone (critic nets live in ``nets/critics.py``, the
+episode arithmetic in ``multiturn/episodes.py``); the update loop and the batched rollout glue stay together
+because both read the same per-agent buffers.
 """
 
 from __future__ import annotations

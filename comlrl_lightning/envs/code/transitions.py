@@ -28,6 +28,10 @@ else → an OpenAI-compatible endpoint from ``EXPERT_API_URL`` with the key from
 
 The prompts are meant to be used as they are (``external_prompt_passthrough=True``, or the
 formatters of :mod:`comlrl_lightning.envs.code.prompts`, which pass them through).
+
+Why one file of this length: the five modes are one state machine over one task table (the test run they
+share, the slicing, the history sections and the previous code); split per mode, each file would repeat
+that state and the routing, and the mode aliases would live apart from the modes they name.
 """
 
 from __future__ import annotations
