@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from comlrl_lightning.comparators.api_formats import API_FORMAT_ALIASES  # one table for config and client
 from comlrl_lightning.config.checks import (
     _bad,
     _normalize_choice,
@@ -37,12 +38,6 @@ GENERATION_MODE_ALIASES = {
     "multi-agent": "decentralized",
     "centralized": "centralized", "centralised": "centralized", "single_agent": "centralized",
     "single-agent": "centralized",
-}
-API_FORMAT_ALIASES = {
-    "generic": "generic",
-    "openai": "openai", "openai_chat": "openai", "chat": "openai",
-    "anthropic": "anthropic", "anthropic_messages": "anthropic", "messages": "anthropic",
-    "openai_responses": "openai_responses", "responses": "openai_responses", "codex": "openai_responses",
 }
 
 
