@@ -13,6 +13,8 @@ import ast
 import re
 from dataclasses import dataclass, field
 
+from comlrl_lightning.envs.code.cases import parse_python
+
 AUX_NAME = "aux"
 
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -114,7 +116,7 @@ def combine_code(aux_src: str, main_src: str, imports: list[str] | str = ()) -> 
 
 def _parse_function(src: str) -> ast.FunctionDef | None:
     try:
-        tree = ast.parse(src)
+        tree = parse_python(src)
     except (SyntaxError, ValueError):
         return None
     for node in tree.body:
@@ -246,7 +248,7 @@ def analyze(aux_completion: str, main_completion: str, entry_point: str, prompt:
     combined = combine_code(aux_src, main_src, imports)
     line = col = None
     try:
-        ast.parse(combined)
+        parse_python(combined)
         syntax_ok, syntax_message = True, "syntax OK"
     except SyntaxError as exc:
         syntax_ok, syntax_message = False, f"syntax error: {exc.msg}"

@@ -9,6 +9,24 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
+
+# CPython 3.11's AST constructor keeps a per-interpreter recursion counter that is not thread-safe: parsing from
+# several threads at once (the sandbox and the code reward run tests in thread pools) can fail with "AST
+# constructor recursion depth mismatch". Every parse of ours goes through this lock.
+_AST_LOCK = threading.Lock()
+
+
+def parse_python(source: str) -> ast.Module:
+    """``ast.parse(source)``, serialised across threads (see ``_AST_LOCK``)."""
+    with _AST_LOCK:
+        return ast.parse(source)
+
+
+def unparse_python(node: ast.AST) -> str:
+    """``ast.unparse(node)``, serialised across threads."""
+    with _AST_LOCK:
+        return ast.unparse(node)
 
 __all__ = ["extract_test_cases", "test_setup_code"]
 
@@ -44,7 +62,7 @@ def extract_test_cases(test_code: str, entry_point: str) -> list[str]:
     rename = re.compile(r"\bcandidate\b")
     cases: list[str] = []
     try:
-        tree = ast.parse(test_code)
+        tree = parse_python(test_code)
     except SyntaxError:
         inside = False
         for line in test_code.splitlines():
@@ -60,7 +78,7 @@ def extract_test_cases(test_code: str, entry_point: str) -> list[str]:
         return []
     for node in check.body:
         if isinstance(node, ast.Assert) and _mentions(node, "candidate"):
-            source = ast.get_source_segment(test_code, node) or ast.unparse(node)
+            source = ast.get_source_segment(test_code, node) or unparse_python(node)
             cases.append(rename.sub(entry_point, source))
     if not cases and _has_nested_asserts(check):
         cases.append(f"check({entry_point})")
@@ -71,7 +89,7 @@ def test_setup_code(test_code: str) -> str:
     """Module-level statements of the test code other than ``def check`` (imports, constants,
     helpers), run after the solution so that cases can use them. ``METADATA`` is harmless."""
     try:
-        tree = ast.parse(test_code or "")
+        tree = parse_python(test_code or "")
     except SyntaxError:
         return ""
     keep = [node for node in tree.body if not (isinstance(node, ast.FunctionDef) and node.name == "check")]
@@ -84,7 +102,7 @@ def test_setup_code(test_code: str) -> str:
     ):
         keep.append(check)
     keep.sort(key=lambda n: n.lineno)
-    return "\n".join(ast.get_source_segment(test_code, n) or ast.unparse(n) for n in keep)
+    return "\n".join(ast.get_source_segment(test_code, n) or unparse_python(n) for n in keep)
 
 
 test_setup_code.__test__ = False  # type: ignore[attr-defined]
