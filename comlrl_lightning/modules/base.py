@@ -35,6 +35,7 @@ from torch import nn
 from comlrl_lightning.agents import AgentTeam, build_agents
 from comlrl_lightning.config.secrets import redact_secrets
 from comlrl_lightning.data.tasks import PREDICT_REFUSED
+from comlrl_lightning.devices import common_device, resolve_devices
 from comlrl_lightning.evaluation import evaluate_team
 from comlrl_lightning.files import state_digest
 from comlrl_lightning.generation import SamplingSettings
@@ -191,6 +192,47 @@ class TeamModuleBase(L.LightningModule):
     def on_fit_start(self) -> None:
         for m in self.trainable_modules():
             m.train()
+
+    # --- devices (parallel_training="mp"; docs/architecture.md, "Devices") -----------------------------------
+    def to(self, *args: Any, **kwargs: Any) -> TeamModuleBase:
+        """``nn.Module.to``, after which each member goes back to its own device under
+        ``parallel_training="mp"`` (Lightning moves the whole module to its root device at setup)."""
+        out = super().to(*args, **kwargs)
+        self.place_members()
+        return out
+
+    def member_placement(self) -> list[tuple[nn.Module, torch.device]]:
+        """(module, device) pairs of :meth:`place_members`: agent i's model on ``agent_devices[i]``; subclasses
+        add critics and value heads. Empty unless ``parallel_training="mp"``."""
+        a = getattr(self, "args", None)
+        if getattr(a, "parallel_training", "none") != "mp" or "team" not in vars(self):
+            return []
+        devices = resolve_devices(a.agent_devices, self.team.num_agents, "agent_devices")
+        if self.team.uses_lora and common_device(devices) is None:
+            raise ValueError(f"agent_devices={a.agent_devices!r} puts LoRA agents on different devices, but they are "
+                             "adapters of one shared base model, which lives on one device. Give one device "
+                             "(agent_devices='cuda:0'), or load full-model agents (no lora) to spread them.")
+        return list(zip(self.team.models, devices))
+
+    def place_members(self) -> None:
+        """Move each member to its device (:meth:`member_placement`). ``parallel_training="mp"`` places members
+        inside one process; it cannot be combined with a strategy that runs several processes."""
+        placement = self.member_placement()
+        if not placement:
+            return
+        world = self._trainer.world_size if self._trainer is not None else 1
+        if world > 1:
+            raise ValueError(f"parallel_training='mp' places the agents on agent_devices={self.args.agent_devices!r} "
+                             f"inside one process, but the trainer runs {world} processes "
+                             f"({type(self.trainer.strategy).__name__}). Use parallel_training='none' with a "
+                             "multi-process strategy (each process then holds the whole team), or devices=1.")
+        for module, device in placement:
+            module.to(device)
+
+    def agent_device(self, i: int) -> torch.device:
+        """The device of agent i's trainable parameters (the module's device when it has none)."""
+        params = self.team.parameters_of(i)
+        return params[0].device if params else self.device
 
     # --- optimizers --------------------------------------------------------------------------------------
     def agent_parameters(self, i: int) -> list[nn.Parameter]:

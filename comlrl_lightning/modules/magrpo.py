@@ -131,7 +131,7 @@ class MAGRPOModule(TeamModuleBase):
         for start in range(0, len(comps), max_rows):
             batch = completion_batch(prompts[start:start + max_rows], comps[start:start + max_rows],
                                      self.team.tokenizers[agent])
-            batch = {key: v.to(self.device) for key, v in batch.items()}
+            batch = {key: v.to(self.agent_device(agent)) for key, v in batch.items()}
             with self.team.activate(agent) as model:
                 was_training = model.training
                 model.eval()
@@ -312,7 +312,7 @@ class MAGRPOModule(TeamModuleBase):
         prompts = [s.prompt_ids for s in minibatch for _ in s.completion_ids]
         comps = [c for s in minibatch for c in s.completion_ids]
         batch = completion_batch(prompts, comps, self.team.tokenizers[agent])
-        batch = {k: v.to(self.device) for k, v in batch.items()}
+        batch = {k: v.to(self.agent_device(agent)) for k, v in batch.items()}
         with self.team.activate(agent) as model:
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                            use_cache=False).logits

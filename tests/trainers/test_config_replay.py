@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from fake_llm_server import FakeLLMServer
 
 ROOT = Path(__file__).resolve().parents[2]
