@@ -260,11 +260,13 @@ def collect_offline_pairs(
     streams: Sequence[Any],
     chunk_size: int = 16,
     progress: bool = True,
+    item_offset: int = 0,
 ) -> tuple[list[PreferencePair], CollectionStats]:
     """One pass over ``items``: sample, score aligned joint responses, select pairs (docs/preference.md §3.1–3.4).
 
     Items are processed in chunks of ``chunk_size`` (one batched ``generate`` per agent per chunk), in
-    dataset order, so the pair order is dataset order then selection order.
+    dataset order, so the pair order is dataset order then selection order. ``item_offset`` is the dataset
+    index of ``items[0]`` (a rank's shard starts there, docs/scaling.md §1); the oracle sees dataset indices.
     """
     from comlrl_lightning.data.tasks import format_prompts
 
@@ -279,10 +281,10 @@ def collect_offline_pairs(
     try:
         for start in starts:
             chunk = list(items[start:start + chunk_size])
-            prompts = format_prompts(chunk, formatters, offset=start)
+            prompts = format_prompts(chunk, formatters, offset=item_offset + start)
             samples = sample_team(team, prompts, num_candidates, settings, streams)
             new, stats = build_offline_pairs(chunk, prompts, samples, oracle.score, pair_selection, limit, rng,
-                                             item_offset=start)
+                                             item_offset=item_offset + start)
             pairs.extend(new)
             total.add(stats)
             if bar is not None:
