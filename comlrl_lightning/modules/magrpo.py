@@ -35,6 +35,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.config import MAGRPOConfig
 from comlrl_lightning.data.tasks import format_prompts
+from comlrl_lightning.distributed import rank_seed, world
 from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
 from comlrl_lightning.generation import Samples, SamplingStream, sample_completions
 from comlrl_lightning.logging_utils import log_metrics
@@ -86,8 +87,15 @@ class MAGRPOModule(TeamModuleBase):
         self.buffers: list[list[NodeSample]] = [[] for _ in range(n)]
         self.optimizer_steps = 0
         self._last_logged_step: int | None = None
+        self._rank_seeded = False
 
     def setup(self, stage: str) -> None:
+        rank = world(self._trainer)[0] if self._trainer is not None else 0
+        if rank > 0 and not self._rank_seeded:  # each rank its own rollout streams (docs/scaling.md)
+            seed = rank_seed(self.args.seed, rank)
+            self.streams = [SamplingStream(seed * 1_000_003 + 7919 * i + 17) for i in range(self.team.num_agents)]
+            self.shuffle_rng = random.Random(seed)
+        self._rank_seeded = True
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if dm is None:
             return
@@ -379,6 +387,12 @@ class MAGRPOModule(TeamModuleBase):
     def load_progress_state(self, state: dict[str, Any]) -> None:
         super().load_progress_state(state)
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
+        self.load_rank_state(state)
+
+    def rank_state(self) -> dict[str, Any]:
+        return {"streams": [s.state_dict() for s in self.streams], "shuffle_rng": list(self.shuffle_rng.getstate())}
+
+    def load_rank_state(self, state: dict[str, Any]) -> None:
         for s, stream_state in zip(self.streams, state.get("streams", [])):
             s.load_state_dict(stream_state)
         if "shuffle_rng" in state:
