@@ -80,3 +80,19 @@ def test_madpo_iter_split_rank0_writes_and_resume_equals_full_run(tiny_model_dir
     assert resumed["sums"] == pytest.approx(full["sums"], rel=0, abs=1e-9)
     for fit in ranks[1]["fits"]:  # rank 1's replica equals rank 0's, in both fits
         assert fit["sums"] == pytest.approx(full["sums"], rel=0, abs=1e-9)
+
+
+@pytest.mark.slow
+def test_magrpo_prompts_are_sharded_and_groups_stay_on_one_rank(tiny_model_dir, tmp_path):
+    ranks = _run("ddp_magrpo_script.py", tmp_path, tiny_model_dir)
+    assert [r["world"] for r in ranks] == [2, 2]
+    seen = [{g[0] for g in r["groups"]} for r in ranks]
+    assert seen[0].isdisjoint(seen[1]) and seen[0] | seen[1] == {0, 1, 2, 3}  # DistributedSampler: 2 prompts each
+    for r in ranks:
+        for index in {g[0] for g in r["groups"]}:
+            mine = [g for g in r["groups"] if g[0] == index]
+            # the whole 2-turn tree of a prompt (root + 2 children, 2 agents) was built and scored on this rank,
+            # every node's sibling group (K = 2 completions) with its own advantages
+            assert len(mine) == 6 and all(g[3] == 2 == len(g[4]) for g in mine)
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
+    assert ranks[0]["sums"] == pytest.approx(ranks[1]["sums"], rel=0, abs=1e-9)
