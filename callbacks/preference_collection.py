@@ -12,16 +12,13 @@ rank order, so every rank hands the same global pair list, in dataset order, to 
 
 from __future__ import annotations
 
-import random
-
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from comlrl_lightning.distributed import gather_objects, rank_seed, shard_bounds, world
-from comlrl_lightning.generation import SamplingStream
+from comlrl_lightning.distributed import world
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.metrics import RoundMetrics
-from comlrl_lightning.preferences import CollectionStats, collect_offline_pairs
+from comlrl_lightning.preferences import collect_offline_split
 from comlrl_lightning.protocols import PairSink, TeamModule, check_protocol
 
 
@@ -55,24 +52,15 @@ class PreferenceCollection(L.Callback):
             return
         args = pl_module.args
         rank, world_size = world(trainer)
-        seed = rank_seed(args.seed if self.seed is None else self.seed, rank)
-        streams = [SamplingStream(seed + 1000 * i) for i in range(pl_module.team.num_agents)]
         dm = trainer.datamodule
-        items = list(dm.train_items)
-        start, end = shard_bounds(len(items), rank, world_size)
-        local, local_stats = collect_offline_pairs(
-            pl_module.team, items[start:end], dm.formatters, dm.oracle, pl_module.sampling_settings(),
+        pairs, stats, local_stats, self.shards = collect_offline_split(
+            pl_module.team, list(dm.train_items), dm.formatters, dm.oracle, pl_module.sampling_settings(),
             args.preference_num_candidates, args.pair_selection, args.preference_pairs_per_sample,
-            random.Random(seed), streams, chunk_size=self.chunk_size, progress=trainer.is_global_zero,
-            item_offset=start,
+            args.seed if self.seed is None else self.seed, rank, world_size, chunk_size=self.chunk_size,
+            progress=trainer.is_global_zero,
         )
         metrics = RoundMetrics(pl_module.device)
         metrics.update(local_stats)
-        shards = gather_objects((start, end, local, local_stats), world_size)  # every rank, empty shards too
-        pairs, stats = [p for _, _, shard_pairs, _ in shards for p in shard_pairs], CollectionStats()
-        for *_, shard_stats in shards:
-            stats.add(shard_stats)
-        self.shards = [[s, e, len(ps)] for s, e, ps, _ in shards]
         self.collected = True
         self.last_stats = stats
         dm.add_round(pairs)

@@ -60,3 +60,27 @@ class RoundMetrics:
             out["round/win_rate"] = mean_or(self.wins, 0.5)
             out["round/tie_rate"] = mean_or(self.ties, 0.0)
         return out
+
+
+def mean_across_ranks(metrics: dict[str, float], weight: float, world_size: int, device: Any = "cpu",
+                      keep: tuple[str, ...] = ()) -> dict[str, float]:
+    """Per-rank means (each over ``weight`` samples of this rank) → their weighted mean over every rank,
+    ``sum_r w_r·v_r / sum_r w_r``, one ``torchmetrics.MeanMetric`` per key (torchmetrics syncs the sums).
+
+    A collective when ``world_size > 1``: every rank calls it with the same keys (the training steps' log
+    gates are equal across ranks). Keys in ``keep`` stay this rank's value. With one rank: ``metrics``.
+    """
+    if world_size <= 1:
+        return dict(metrics)
+    from torchmetrics import MeanMetric
+
+    out = {}
+    for key, value in metrics.items():
+        if key in keep:
+            out[key] = value
+            continue
+        metric = MeanMetric().set_dtype(torch.float64).to(device)
+        metric.update(torch.tensor(float(value), dtype=torch.float64, device=device),
+                      weight=torch.tensor(float(weight), dtype=torch.float64, device=device))
+        out[key] = float(metric.compute())
+    return out

@@ -296,6 +296,45 @@ def collect_offline_pairs(
     return pairs, total
 
 
+def collect_offline_split(
+    team: Any,
+    items: Sequence[dict],
+    formatters: Sequence[Callable[[dict], str]],
+    oracle: Any,
+    settings: Any,
+    num_candidates: int,
+    pair_selection: str,
+    limit: int | None,
+    seed: int,
+    rank: int = 0,
+    world_size: int = 1,
+    chunk_size: int = 16,
+    progress: bool = True,
+) -> tuple[list[PreferencePair], CollectionStats, CollectionStats, list[list[int]]]:
+    """:func:`collect_offline_pairs` split across ``world_size`` ranks (docs/scaling.md): this rank collects its
+    block ``shard_bounds(len(items), rank, world_size)`` with agent i's stream seeded ``s + 1000 * i`` and pair
+    selection seeded ``s``, ``s = rank_seed(seed, rank)``; the blocks are gathered in rank order (a collective:
+    every rank calls it, empty blocks included).
+
+    Returns (global pairs in dataset order, global stats, this rank's stats, ``[start, end, num_pairs]`` per rank).
+    """
+    from comlrl_lightning.distributed import gather_objects, rank_seed, shard_bounds
+    from comlrl_lightning.generation import SamplingStream
+
+    start, end = shard_bounds(len(items), rank, world_size)
+    s = rank_seed(seed, rank)
+    streams = [SamplingStream(s + 1000 * i) for i in range(team.num_agents)]
+    local, local_stats = collect_offline_pairs(team, list(items[start:end]), formatters, oracle, settings,
+                                               num_candidates, pair_selection, limit, random.Random(s), streams,
+                                               chunk_size=chunk_size, progress=progress, item_offset=start)
+    shards = gather_objects((start, end, local, local_stats), world_size)
+    stats = CollectionStats()
+    for *_, shard_stats in shards:
+        stats.add(shard_stats)
+    pairs = [p for _, _, shard_pairs, _ in shards for p in shard_pairs]
+    return pairs, stats, local_stats, [[a, b, len(ps)] for a, b, ps, _ in shards]
+
+
 def build_iterative_pairs(
     items: Sequence[dict],
     prompts: Sequence[Sequence[str]],

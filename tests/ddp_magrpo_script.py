@@ -1,12 +1,14 @@
 """2-turn MAGRPO with DDP on 2 CPU processes (gloo), run by tests/trainers/test_ddp.py.
 
 Usage: ``ddp_magrpo_script.py OUT MODEL``. Each rank writes ``OUT/rank{r}.json``: the (index, agent, turn,
-group size, advantages) of every node sample its own rollouts produced, and its parameter sums.
+group size, advantages) of every node sample its own rollouts produced, the training metrics it logged, and its
+parameter sums.
 """
 import json
 import os
 import sys
 
+import comlrl_lightning.modules.magrpo as magrpo
 from comlrl_lightning.config import MAGRPOConfig
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.modules.magrpo import MAGRPOModule
@@ -26,6 +28,9 @@ def rollout_batch(self, entries, *a, **k):
 
 
 MAGRPOModule.rollout_batch = rollout_batch
+logged = []
+_log = magrpo.log_metrics
+magrpo.log_metrics = lambda trainer, metrics, step=None: (logged.append(dict(metrics)), _log(trainer, metrics, step))[1]
 items = [{"prompt": f"Topic: {t}."} for t in ("rivers", "bread", "trains", "music")]
 args = MAGRPOConfig(num_turns=2, num_generations=2, max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=None,
                     agent_learning_rate=1e-2, train_batch_size=2, rollout_buffer_size=2, num_train_epochs=1,
@@ -39,5 +44,5 @@ tr.train()
 rank = tr.trainer.global_rank
 sums = [float(sum(p.detach().double().sum() for p in tr.team.parameters_of(i))) for i in range(2)]
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-    json.dump({"rank": rank, "world": tr.trainer.world_size, "sums": sums, "groups": groups,
+    json.dump({"rank": rank, "world": tr.trainer.world_size, "sums": sums, "groups": groups, "logged": logged,
                "global_step": tr.trainer.global_step}, f)

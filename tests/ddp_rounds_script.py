@@ -11,6 +11,8 @@ import sys
 
 import comlrl_lightning.callbacks.iterative_collection as iterative_collection
 import comlrl_lightning.callbacks.preference_collection as preference_collection
+import comlrl_lightning.modules.madpo as madpo
+import comlrl_lightning.preferences as preferences
 import comlrl_lightning.replay_store as replay_store
 from comlrl_lightning.config import MADPOConfig, MADPOIterConfig
 from comlrl_lightning.data.iterative import IterativePreferenceDataModule
@@ -18,10 +20,10 @@ from comlrl_lightning.data.preference import PreferenceDataModule
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 
 out_dir, model_dir, kind, num_items = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-record = {"local": [], "gathered": [], "writes": [], "fits": []}
+record = {"local": [], "gathered": [], "writes": [], "fits": [], "logged": []}
 
 # --- instrumentation: what this rank's shard produced, what the sink got, which files this rank wrote -----------
-_offline, _iterative = preference_collection.collect_offline_pairs, iterative_collection.build_iterative_pairs
+_offline, _iterative = preferences.collect_offline_pairs, iterative_collection.build_iterative_pairs
 
 
 def offline(team, items, *a, item_offset=0, **k):
@@ -36,7 +38,13 @@ def iterative(items, prompts, *a, item_offset=0, **k):
     return pairs, stats
 
 
-preference_collection.collect_offline_pairs, iterative_collection.build_iterative_pairs = offline, iterative
+preferences.collect_offline_pairs, iterative_collection.build_iterative_pairs = offline, iterative
+for module in (madpo, iterative_collection, preference_collection):  # what each rank would log (rank 0 does)
+    def logging(trainer, metrics, step=None, _log=module.log_metrics):
+        record["logged"].append({k: float(v) for k, v in metrics.items()})
+        return _log(trainer, metrics, step)
+
+    module.log_metrics = logging
 _write = replay_store.write_text_atomic
 replay_store.write_text_atomic = lambda path, text: (record["writes"].append(os.path.basename(path)), _write(path, text))[1]
 

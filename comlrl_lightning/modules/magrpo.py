@@ -41,6 +41,7 @@ from comlrl_lightning.generation import Samples, SamplingStream, sample_completi
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss
+from comlrl_lightning.metrics import mean_across_ranks
 from comlrl_lightning.modules.base import TeamModuleBase
 from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
 from comlrl_lightning.multiturn.tree import AgentDraw, NodeSample, build_trees, node_samples
@@ -377,6 +378,8 @@ class MAGRPOModule(TeamModuleBase):
             metrics[f"turn_{t}/reference_kl_mean"] = kl
             metrics[f"turn_{t}/reference_kl_penalty_mean"] = self.args.reference_kl_coef * kl
         if self._trainer is not None:
+            # under DDP, the means over every rank's group (torchmetrics; docs/scaling.md §3)
+            metrics = mean_across_ranks(metrics, len(group), world(self._trainer)[1], self.device, keep=("env_step",))
             log_metrics(self.trainer, metrics)
 
     # --- checkpoint ----------------------------------------------------------------------------------------

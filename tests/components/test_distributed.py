@@ -94,3 +94,15 @@ def test_module_state_of_two_ranks_is_refused_by_one_process(tiny_model_dir):
     state = module.rank_state()
     with pytest.raises(ValueError, match="MAGRPOModule: the checkpoint was written by a run with world size 2"):
         module.on_load_checkpoint({"comlrl_progress": {}, "comlrl_rank_states": [state, state]})
+
+
+def test_api_comparator_shares_the_concurrency_limit_between_ranks():
+    from types import SimpleNamespace
+
+    from comlrl_lightning.comparators.api import APIComparator
+
+    for world_size, share in ((1, 4), (2, 2), (3, 1), (8, 1)):
+        comparator = APIComparator(SimpleNamespace(max_concurrency=4))
+        for _ in range(2):  # once per fit: the share is taken of the run's limit, not of the last share
+            comparator.setup(SimpleNamespace(world_size=world_size), None)
+        assert comparator.client.max_concurrency == share

@@ -43,6 +43,16 @@ def _check_round(ranks: list[dict], round_index: int, shards: list[list[int]]) -
     return gathered
 
 
+def _check_logged(ranks: list[dict], local: tuple[str, ...] = ("env_step",)) -> None:
+    """Logged means are reduced over both ranks (torchmetrics), so both ranks hold the same values (rank 0 logs
+    them), though the ranks trained on different pairs or prompts; round metrics describe the gathered round."""
+    a, b = ([{k: v for k, v in m.items() if k not in local} for m in r["logged"]] for r in ranks)
+    assert len(a) == len(b) > 0
+    assert all(x == pytest.approx(y, rel=1e-9, abs=1e-12) for x, y in zip(a, b))
+    rounds = [m for m in a if "round/num_pairs" in m]
+    assert [m["round/num_pairs"] for m in rounds] == [len(g) for g in ranks[0]["gathered"]]
+
+
 @pytest.mark.slow
 def test_madpo_collection_is_split_and_gathered(tiny_model_dir, tmp_path):
     ranks = _run("ddp_rounds_script.py", tmp_path, tiny_model_dir, "madpo", "3")  # 3 items: uneven shards 2 + 1
@@ -56,6 +66,7 @@ def test_madpo_collection_is_split_and_gathered(tiny_model_dir, tmp_path):
     assert a["global_step"] == b["global_step"] > 0
     assert a["sums"] == pytest.approx(b["sums"], rel=0, abs=1e-9)
     assert ranks[0]["writes"] == ranks[1]["writes"] == []  # offline MADPO writes no round file
+    _check_logged(ranks)
 
 
 @pytest.mark.slow
@@ -75,6 +86,7 @@ def test_madpo_iter_split_rank0_writes_and_resume_equals_full_run(tiny_model_dir
     for r in ranks:
         assert r["local"][3] == r["local"][2] and r["gathered"][3] == r["gathered"][2]
     assert ranks[0]["resumed_round_files"] == files
+    _check_logged(ranks)
     full, resumed = ranks[0]["fits"]
     assert resumed["pairs"] == full["pairs"]
     assert resumed["sums"] == pytest.approx(full["sums"], rel=0, abs=1e-9)
@@ -96,3 +108,4 @@ def test_magrpo_prompts_are_sharded_and_groups_stay_on_one_rank(tiny_model_dir, 
             assert len(mine) == 6 and all(g[3] == 2 == len(g[4]) for g in mine)
     assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
     assert ranks[0]["sums"] == pytest.approx(ranks[1]["sums"], rel=0, abs=1e-9)
+    _check_logged(ranks, local=("env_step",))
