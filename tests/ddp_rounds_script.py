@@ -1,6 +1,7 @@
 """Preference collection split across 2 CPU processes (gloo), run by tests/trainers/test_ddp.py.
 
-Usage: ``ddp_rounds_script.py OUT MODEL KIND NUM_ITEMS``, KIND ``madpo`` (offline) or ``iter`` (MADPOIter, 3 rounds,
+Usage: ``ddp_rounds_script.py OUT MODEL KIND NUM_ITEMS`` (with ``DDP_TEST_NODES=2``: one of 2 nodes x 1
+process, Lightning's multi-node path; else 2 processes on one node), KIND ``madpo`` (offline) or ``iter`` (MADPOIter, 3 rounds,
 then a second fit resumed from the checkpoint of epoch 0). Each rank writes ``OUT/rank{r}.json``: what its own shard
 produced (recorded around the pair builders), what the data module received (the gathered round), which files
 this rank wrote, and its parameter sums.
@@ -68,6 +69,8 @@ common = dict(preference_num_candidates=4, preference_pairs_per_sample=2, max_ne
               top_k=None, agent_learning_rate=1e-2, train_batch_size=2, eval_interval=0, eval_num_samples=0, seed=0)
 tk = dict(accelerator="cpu", devices=2, strategy="ddp", enable_progress_bar=False, enable_model_summary=False,
           default_root_dir=out_dir)
+if os.environ.get("DDP_TEST_NODES") == "2":  # 2 nodes x 1 process, started by the test with the torchrun-style env
+    tk.update(devices=1, num_nodes=2)
 
 
 def finish(tr, label):

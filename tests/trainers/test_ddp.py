@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,11 +18,30 @@ import pytest
 HERE = Path(__file__).resolve().parents[1]  # tests/ (the DDP scripts live there)
 
 
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+
+
 def _run(script: str, tmp_path: Path, *args: str) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     out = subprocess.run([sys.executable, str(HERE / script), str(tmp_path), *args], capture_output=True, text=True,
-                         timeout=600, env=env, cwd=tmp_path)
+                         timeout=600, env=_env(), cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def _run_two_nodes(script: str, tmp_path: Path, *args: str) -> list[dict]:
+    """2 nodes x 1 process on 127.0.0.1: the environment torchrun or SLURM gives each node, Lightning's own path."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for node in (0, 1):
+        env = {**_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(node),
+               "LOCAL_RANK": "0", "WORLD_SIZE": "2", "DDP_TEST_NODES": "2"}
+        procs.append(subprocess.Popen([sys.executable, str(HERE / script), str(tmp_path), *args], env=env,
+                                      cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    errors = [p.communicate(timeout=600)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-2000:] for e in errors)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
@@ -70,8 +90,8 @@ def test_madpo_collection_is_split_and_gathered(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_madpo_iter_split_rank0_writes_and_resume_equals_full_run(tiny_model_dir, tmp_path):
-    ranks = _run("ddp_rounds_script.py", tmp_path, tiny_model_dir, "iter", "3")
+def test_madpo_iter_two_nodes_split_rank0_writes_and_resume_equals_full_run(tiny_model_dir, tmp_path):
+    ranks = _run_two_nodes("ddp_rounds_script.py", tmp_path, tiny_model_dir, "iter", "3")
     # 3 rounds in the full fit; round 2 again in the fit resumed from the checkpoint of epoch 0 (written after
     # round 1 was collected at that epoch's end)
     assert [len(r["local"]) for r in ranks] == [4, 4]
