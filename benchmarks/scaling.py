@@ -61,8 +61,8 @@ def _collect_times(rank: int, world_size: int, port: int, model_dir: str, opts: 
         if world_size > 1:
             dist.barrier()
         t0 = time.perf_counter()
-        pairs, *_ = collect_offline_split(team, items, FORMATTERS, oracle, settings, opts["candidates"], "reward_gap", 2,
-                                          seed=rep, rank=rank, world_size=world_size, chunk_size=16, progress=False)
+        collect_offline_split(team, items, FORMATTERS, oracle, settings, opts["candidates"], "reward_gap", 2,
+                              seed=rep, rank=rank, world_size=world_size, chunk_size=16, progress=False)
         if world_size > 1:
             dist.barrier()
         if rep:

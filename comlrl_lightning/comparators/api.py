@@ -52,7 +52,7 @@ class APIComparator:
     def setup(self, trainer: Any, pl_module: Any) -> None:
         self.pl_module = pl_module
         # the ranks of a multi-process run query the endpoint at once: each gets an equal share of the run's
-        # concurrency limit, at least 1 (docs/scaling.md §2.1)
+        # concurrency limit, at least 1 (docs/scaling.md, section 2.1)
         world_size = int(getattr(trainer, "world_size", 1) or 1)
         limit = getattr(self, "run_max_concurrency", None) or getattr(self.client, "max_concurrency", None)
         if world_size > 1 and isinstance(limit, int):  # (the run's limit is kept: setup runs once per fit)

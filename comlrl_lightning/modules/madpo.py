@@ -157,7 +157,7 @@ class MADPOModule(TeamModuleBase):
             metrics[f"train/agent{i}/logps/chosen"] = stats["chosen_logps"][i]
             metrics[f"train/agent{i}/logps/rejected"] = stats["rejected_logps"][i]
         if self._log_gate_passes():  # straight to the loggers: self.log would repeat stale values on gated steps
-            # under DDP, the means over every rank's batch (torchmetrics; docs/scaling.md §3)
+            # under DDP, the means over every rank's batch (torchmetrics; docs/scaling.md, section 3)
             metrics = mean_across_ranks({k: float(v) for k, v in metrics.items()}, bsz, world(self._trainer)[1],
                                         self.device, keep=("env_step", "round"))
             log_metrics(self.trainer, metrics)

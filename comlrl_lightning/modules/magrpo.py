@@ -378,7 +378,7 @@ class MAGRPOModule(TeamModuleBase):
             metrics[f"turn_{t}/reference_kl_mean"] = kl
             metrics[f"turn_{t}/reference_kl_penalty_mean"] = self.args.reference_kl_coef * kl
         if self._trainer is not None:
-            # under DDP, the means over every rank's group (torchmetrics; docs/scaling.md §3)
+            # under DDP, the means over every rank's group (torchmetrics; docs/scaling.md, section 3)
             metrics = mean_across_ranks(metrics, len(group), world(self._trainer)[1], self.device, keep=("env_step",))
             log_metrics(self.trainer, metrics)
 
