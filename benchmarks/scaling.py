@@ -1,13 +1,16 @@
-"""Preference collection split across processes: 2 processes x 1 thread against 1 process x 1 thread.
+"""Collection and rollouts split across processes: 2 processes x 1 thread against 1 process x 1 thread.
 
-Run ``python benchmarks/scaling.py [--quick] [--items N] [--candidates N] [--model tiny|large] [--reps N]``.
+Run ``python benchmarks/scaling.py [--quick] [--what collection|rollouts|both] [--items N] [--candidates N]
+[--model tiny|large] [--reps N]``.
 The same global work, the offline collection of MADPO (``collect_offline_split``, the function
 ``PreferenceCollection`` calls: sample ``--candidates`` joint responses per item from 2 agents, score them with
 the built-in cooperative reward, select pairs, gather the pairs of every rank), runs with world size 1 and with
 world size 2 (a gloo process group on 127.0.0.1, one torch thread per process, the ranks started by
 ``torch.multiprocessing``). Each process loads the model once; the timed part is the collection itself, from a
 barrier before it to a barrier after the gather (what a round costs in a real run). Repetitions alternate
-between the world sizes, so a slow phase of the machine hits both.
+between the world sizes, so a slow phase of the machine hits both. ``rollouts`` times 2-turn MAGRPO instead
+(``MAGRPOModule.rollout_batch``: G = ``--candidates`` completions per node, 1 + G nodes per tree, the plain
+transition), each rank rolling out its block of the prompts, 4 prompts per step, as DDP training would.
 
 Printed: the median wall seconds per collection of each world size, items/s, and the speed-up
 (1-process time / 2-process time) measured in this run. On a machine with fewer free cores than processes the
@@ -52,17 +55,33 @@ def _collect_times(rank: int, world_size: int, port: int, model_dir: str, opts: 
     from comlrl_lightning.preferences import collect_offline_split
     from comlrl_lightning.rewards import RewardOracle
 
-    team = build_agents(model_dir, num_agents=2)
     items = [{"prompt": f"Topic: {TOPICS[i % len(TOPICS)]} {i}."} for i in range(opts["items"])]
-    settings = SamplingSettings(max_new_tokens=opts["new_tokens"], temperature=1.0, top_p=1.0, top_k=None)
     oracle = RewardOracle(cooperative_reward)
+    if opts["what"] == "collection":
+        team = build_agents(model_dir, num_agents=2)
+        settings = SamplingSettings(max_new_tokens=opts["new_tokens"], temperature=1.0, top_p=1.0, top_k=None)
+    else:  # 2-turn MAGRPO rollouts of this rank's prompts, as the DistributedSampler would hand them out
+        from comlrl_lightning.config_rl import MAGRPOConfig
+        from comlrl_lightning.distributed import shard_bounds
+        from comlrl_lightning.modules.magrpo import MAGRPOModule
+        from comlrl_lightning.multiturn.transitions import plain_transition
+
+        module = MAGRPOModule(agent_model=model_dir, args=MAGRPOConfig(
+            num_turns=2, num_generations=opts["candidates"], max_new_tokens=opts["new_tokens"], temperature=1.0,
+            top_p=1.0, top_k=None, seed=rank))
+        start, end = shard_bounds(len(items), rank, world_size)
+        entries = list(enumerate(items))[start:end]
     times = []
     for rep in range(opts["reps"] + 1):  # the first collection warms up and is not timed
         if world_size > 1:
             dist.barrier()
         t0 = time.perf_counter()
-        collect_offline_split(team, items, FORMATTERS, oracle, settings, opts["candidates"], "reward_gap", 2,
-                              seed=rep, rank=rank, world_size=world_size, chunk_size=16, progress=False)
+        if opts["what"] == "collection":
+            collect_offline_split(team, items, FORMATTERS, oracle, settings, opts["candidates"], "reward_gap", 2,
+                                  seed=rep, rank=rank, world_size=world_size, chunk_size=16, progress=False)
+        else:
+            for i in range(0, len(entries), 4):  # batches of 4 prompts per training step
+                module.rollout_batch(entries[i:i + 4], FORMATTERS, oracle, plain_transition)
         if world_size > 1:
             dist.barrier()
         if rep:
@@ -97,6 +116,8 @@ def main() -> None:
                    help="tiny: the embedded model; large: the random 8-layer Qwen2 of madpo_step.py")
     p.add_argument("--reps", type=int, default=3, help="timed collections per world size (and round)")
     p.add_argument("--rounds", type=int, default=2, help="alternations of the two world sizes")
+    p.add_argument("--what", choices=("collection", "rollouts", "both"), default="both",
+                   help="MADPO's preference collection, 2-turn MAGRPO rollouts (4 prompts per step), or both")
     a = p.parse_args()
     if a.quick:
         a.reps, a.items, a.rounds = 2, 16, 1
@@ -110,17 +131,20 @@ def main() -> None:
             from madpo_step import build_large_model
 
             model_dir = build_large_model(model_dir, Path(tmp) / "large")
-        times: dict[int, list[float]] = {1: [], 2: []}
-        for _ in range(a.rounds):
+        for what in (("collection", "rollouts") if a.what == "both" else (a.what,)):
+            opts["what"] = what
+            times: dict[int, list[float]] = {1: [], 2: []}
+            for _ in range(a.rounds):
+                for w in (1, 2):
+                    times[w] += run(w, model_dir, opts, tmp)
+            label = ("preference collection" if what == "collection" else "2-turn MAGRPO rollouts (G = candidates)")
+            print(f"{label}: {a.items} items x {a.candidates} candidates, 2 agents, {a.new_tokens} new tokens, "
+                  f"model {a.model}, 1 thread per process")
+            med = {w: statistics.median(t) for w, t in times.items()}
             for w in (1, 2):
-                times[w] += run(w, model_dir, opts, tmp)
-    print(f"preference collection: {a.items} items x {a.candidates} candidates, 2 agents, {a.new_tokens} new tokens, "
-          f"model {a.model}, 1 thread per process")
-    med = {w: statistics.median(t) for w, t in times.items()}
-    for w in (1, 2):
-        print(f"  {w} process(es): median {med[w]:.3f} s per collection ({a.items / med[w]:.1f} items/s), "
-              f"{len(times[w])} runs: {' '.join(f'{t:.3f}' for t in times[w])}")
-    print(f"speed-up 2 processes / 1 process: {med[1] / med[2]:.2f}x (target >= 1.7x)")
+                print(f"  {w} process(es): median {med[w]:.3f} s per pass ({a.items / med[w]:.1f} items/s), "
+                      f"{len(times[w])} runs: {' '.join(f'{t:.3f}' for t in times[w])}")
+            print(f"  speed-up 2 processes / 1 process: {med[1] / med[2]:.2f}x (target >= 1.7x)")
 
 
 if __name__ == "__main__":
