@@ -55,7 +55,8 @@ def _collect_times(rank: int, world_size: int, port: int, model_dir: str, opts: 
     from comlrl_lightning.preferences import collect_offline_split
     from comlrl_lightning.rewards import RewardOracle
 
-    items = [{"prompt": f"Topic: {TOPICS[i % len(TOPICS)]} {i}."} for i in range(opts["items"])]
+    n = opts["items"] if opts["what"] == "collection" else opts["rollout_items"]
+    items = [{"prompt": f"Topic: {TOPICS[i % len(TOPICS)]} {i}."} for i in range(n)]
     oracle = RewardOracle(cooperative_reward)
     if opts["what"] == "collection":
         team = build_agents(model_dir, num_agents=2)
@@ -110,6 +111,7 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--quick", action="store_true", help="2 repetitions per world size, 16 items")
     p.add_argument("--items", type=int, default=32, help="task items per collection (global work)")
+    p.add_argument("--rollout-items", type=int, default=None, help="prompts per rollout pass (default: items / 4)")
     p.add_argument("--candidates", type=int, default=4, help="joint responses sampled per item")
     p.add_argument("--new-tokens", type=int, default=24, help="max_new_tokens of every completion")
     p.add_argument("--model", choices=("tiny", "large"), default="large",
@@ -124,7 +126,9 @@ def main() -> None:
     from comlrl_lightning.tiny import build_tiny_model
 
     torch.set_num_threads(1)
-    opts = {"items": a.items, "candidates": a.candidates, "new_tokens": a.new_tokens, "reps": a.reps}
+    rollout_items = a.rollout_items or max(2, a.items // 4)  # a 2-turn tree costs 1 + G generations per agent
+    opts = {"items": a.items, "rollout_items": rollout_items, "candidates": a.candidates, "new_tokens": a.new_tokens,
+            "reps": a.reps}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "tiny")
         if a.model == "large":
@@ -138,11 +142,12 @@ def main() -> None:
                 for w in (1, 2):
                     times[w] += run(w, model_dir, opts, tmp)
             label = ("preference collection" if what == "collection" else "2-turn MAGRPO rollouts (G = candidates)")
-            print(f"{label}: {a.items} items x {a.candidates} candidates, 2 agents, {a.new_tokens} new tokens, "
+            n = a.items if what == "collection" else rollout_items
+            print(f"{label}: {n} items x {a.candidates} candidates, 2 agents, {a.new_tokens} new tokens, "
                   f"model {a.model}, 1 thread per process")
             med = {w: statistics.median(t) for w, t in times.items()}
             for w in (1, 2):
-                print(f"  {w} process(es): median {med[w]:.3f} s per pass ({a.items / med[w]:.1f} items/s), "
+                print(f"  {w} process(es): median {med[w]:.3f} s per pass ({n / med[w]:.2f} items/s), "
                       f"{len(times[w])} runs: {' '.join(f'{t:.3f}' for t in times[w])}")
             print(f"  speed-up 2 processes / 1 process: {med[1] / med[2]:.2f}x (target >= 1.7x)")
 
