@@ -58,15 +58,24 @@ class HistoryCheckpoint(L.Callback):
         self.saved[name] = name
         return target
 
+    def _snapshot(self, trainer: L.Trainer, pl_module: L.LightningModule, name: str) -> None:
+        """Rank 0 writes the snapshot; every rank waits for it, since every rank's comparator may load it next
+        (the replicas are identical, so one copy serves all; docs/scaling.md)."""
+        if trainer.is_global_zero:
+            self.save(pl_module, name)
+        else:
+            self.saved[name] = name
+        trainer.strategy.barrier(f"HistoryCheckpoint {name}")
+
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if "initial" not in self.saved and trainer.is_global_zero:
-            self.save(pl_module, "initial")
+        if "initial" not in self.saved:
+            self._snapshot(trainer, pl_module, "initial")
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         t = round_just_finished(trainer, pl_module)
         name = None if t is None else f"iteration_{t:04d}"
-        if name is not None and name not in self.saved and trainer.is_global_zero:
-            self.save(pl_module, name)
+        if name is not None and name not in self.saved:
+            self._snapshot(trainer, pl_module, name)
 
     def state_dict(self) -> dict:
         # snapshot names only: the folder is resolved again by the run that loads the state (see module docstring)

@@ -7,7 +7,15 @@ pairs go to the round data's sink ``add_round(pairs)``. The comparator is the ro
 ``collection_oracle()``: the task reward, or MARLHFIter's learned reward once one scores comparisons.
 
 Logs ``round/index``, ``round/num_pairs``, ``round/win_rate`` (share of the non-tied aligned comparisons the
-current agents won), ``round/tie_rate`` and ``round/candidate_reward_mean``.
+current agents won), ``round/tie_rate`` and ``round/candidate_reward_mean`` (``torchmetrics`` metrics, global
+across ranks).
+
+Under a multi-process strategy (world size W) each rank samples the current agents and the comparator, scores
+and selects pairs for its own contiguous block of the train items, with streams seeded from (seed, rank); the
+blocks are gathered in rank order, so every rank adds the same global round, in dataset order, to the round
+data (docs/scaling.md). The ranks' stream states (and comparator states) are gathered after every round and
+saved per rank in the checkpoint; a checkpoint resumes only with the same W. ``shards`` records, per round
+and rank, ``[start, end, num_pairs]``.
 """
 
 from __future__ import annotations
@@ -19,8 +27,10 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from comlrl_lightning.data.tasks import format_prompts
+from comlrl_lightning.distributed import gather_objects, per_rank_entry, rank_seed, shard_bounds, world
 from comlrl_lightning.generation import SamplingStream
 from comlrl_lightning.logging_utils import log_metrics
+from comlrl_lightning.metrics import RoundMetrics
 from comlrl_lightning.preferences import CollectionStats, build_iterative_pairs, sample_team
 from comlrl_lightning.protocols import RoundData, TeamModule, check_protocol
 from comlrl_lightning.replay import rng_from_plain, rng_state_to_plain
@@ -59,8 +69,9 @@ class IterativePreferenceCollection(L.Callback):
     Args:
         comparator: kept for existing code; prefer the data module's ``comparator``. When given, it becomes the
             data module's comparator (a different one configured there is an error).
-        seed: seed of the agents' sampling streams (agent i: ``seed + 1000 * i``) and of random pair
-            selection; None = ``args.seed``.
+        seed: seed of the agents' sampling streams (agent i: ``s + 1000 * i``) and of random pair
+            selection (``s``), with ``s = rank_seed(seed, rank)`` (``seed`` itself on rank 0 and in a single
+            process); None = ``args.seed``.
         chunk_size: task items generated together per agent.
     """
 
@@ -74,7 +85,11 @@ class IterativePreferenceCollection(L.Callback):
         self.streams: list[SamplingStream] | None = None
         self.rng: random.Random | None = None
         self.history: list[dict] = []
+        self.shards: list[list[list[int]]] = []
+        self.rank_states: list[dict] | None = None
         self._state: dict | None = None
+        self._comparator_state: dict | None = None
+        self._rank, self._world = 0, 1
 
     @property
     def state_key(self) -> str:
@@ -88,7 +103,8 @@ class IterativePreferenceCollection(L.Callback):
                        "IterativePreferenceDataModule")
         _check_replay_selection(trainer, pl_module.args)
         trainer.datamodule.offer_comparator(self.comparator, "IterativePreferenceCollection(comparator=...)")
-        seed = pl_module.args.seed if self.seed is None else self.seed
+        self._rank, self._world = world(trainer)
+        seed = rank_seed(pl_module.args.seed if self.seed is None else self.seed, self._rank)
         if self.streams is None:
             self.streams = [SamplingStream(seed + 1000 * i) for i in range(pl_module.team.num_agents)]
             self.rng = random.Random(seed)
@@ -112,28 +128,34 @@ class IterativePreferenceCollection(L.Callback):
         m = getattr(args, "comparator_num_candidates", None) or n
         items = list(dm.train_items)
         self.comparator = dm.comparator_for(trainer, pl_module)
+        if self._comparator_state is not None:  # this rank's comparator streams from the checkpoint
+            self.comparator.load_state_dict(self._comparator_state)
+            self._comparator_state = None
         oracle = dm.collection_oracle()
-        pairs, total = [], CollectionStats()
-        for start in range(0, len(items), self.chunk_size):
-            chunk = items[start:start + self.chunk_size]
+        first, last = shard_bounds(len(items), self._rank, self._world)
+        local, local_stats = [], CollectionStats()
+        for start in range(first, last, self.chunk_size):
+            chunk = items[start:min(start + self.chunk_size, last)]
             prompts = format_prompts(chunk, dm.formatters, offset=start)
             current = sample_team(team, prompts, n, settings, self.streams)
             comp = self.comparator.sample(prompts, m, chunk)
             new, stats = build_iterative_pairs(chunk, prompts, current, comp, oracle.score, args.pair_selection,
                                                args.preference_pairs_per_sample, self.rng, item_offset=start)
-            pairs.extend(new)
-            total.add(stats)
+            local.extend(new)
+            local_stats.add(stats)
+        round_metrics = RoundMetrics(pl_module.device)
+        round_metrics.update(local_stats)
+        # every rank takes part, empty shards too; rank order = dataset order
+        shards = gather_objects((first, last, local, local_stats, self._own_state()), self._world)
+        pairs, total = [p for shard in shards for p in shard[2]], CollectionStats()
+        for shard in shards:
+            total.add(shard[3])
+        self.rank_states = [shard[4] for shard in shards]
+        self.shards.append([[s, e, len(ps)] for s, e, ps, *_ in shards])
         self.next_round = round_index + 1
         dm.add_round(pairs)
         dm.record_candidate_rewards(round_index, total.target_raw_rewards, total.comparator_raw_rewards)
-        decided = total.comparisons - total.num_ties
-        metrics = {
-            "round/index": round_index,
-            "round/num_pairs": total.num_pairs,
-            "round/win_rate": total.wins / decided if decided else 0.5,
-            "round/tie_rate": total.num_ties / total.comparisons if total.comparisons else 0.0,
-            "round/candidate_reward_mean": total.reward_mean,
-        }
+        metrics = {"round/index": round_index, **round_metrics.compute(iterative=True)}
         self.history.append(metrics)
         # CoMLRL's names of the same numbers, so existing dashboards keep working (docs/coming-from-comlrl.md)
         log_metrics(trainer, {**metrics, "iter/current_iteration": round_index + 1,
@@ -145,12 +167,24 @@ class IterativePreferenceCollection(L.Callback):
             rank_zero_warn(no_pairs_message(f"Round {round_index}", total))
         return pairs
 
+    def _own_state(self) -> dict:
+        """This rank's streams, pair-selection RNG and comparator state (plain types)."""
+        comparator = self.comparator.state_dict() if hasattr(self.comparator, "state_dict") else None
+        return {"streams": [s.generator.get_state().tolist() for s in self.streams or []],
+                "rng": rng_state_to_plain(self.rng) if self.rng is not None else None,
+                "comparator": comparator}
+
     def state_dict(self) -> dict:
+        # every rank's state as gathered after the last round (the streams only move while collecting), so the
+        # checkpoint, which rank 0 writes, holds each rank's own; "streams"/"rng" are rank 0's (older readers)
+        ranks = self.rank_states if self.rank_states is not None else [self._own_state()]
         return {
             "next_round": self.next_round,
-            "streams": [s.generator.get_state().tolist() for s in self.streams or []],
-            "rng": rng_state_to_plain(self.rng) if self.rng is not None else None,
+            "streams": ranks[0]["streams"],
+            "rng": ranks[0]["rng"],
+            "rank_states": [{k: v for k, v in r.items() if k != "comparator" or self._world > 1} for r in ranks],
             "history": [dict(h) for h in self.history],
+            "shards": [[list(s) for s in r] for r in self.shards],
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -162,11 +196,16 @@ class IterativePreferenceCollection(L.Callback):
     def _apply(self, state: dict) -> None:
         import torch
 
-        for s, st in zip(self.streams, state.get("streams", [])):
+        ranks = state.get("rank_states") or [{"streams": state.get("streams", []), "rng": state.get("rng")}]
+        own = per_rank_entry(ranks, self._rank, self._world, "IterativePreferenceCollection")
+        for s, st in zip(self.streams, own.get("streams", [])):
             s.generator.set_state(torch.tensor(st, dtype=torch.uint8))
-        if state.get("rng") is not None:
-            self.rng = rng_from_plain(state["rng"])
+        if own.get("rng") is not None:
+            self.rng = rng_from_plain(own["rng"])
+        self._comparator_state = own.get("comparator")  # applied once the round data hands out the comparator
+        self.rank_states = [dict(r) for r in ranks]
         self.history = [dict(h) for h in state.get("history", [])]
+        self.shards = [[list(s) for s in r] for r in state.get("shards", [])]
         self._state = None
 
 

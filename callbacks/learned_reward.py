@@ -25,14 +25,13 @@ Logs ``train/reward_model/{loss,accuracy,margin}`` (last step), ``val/reward_mod
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from comlrl_lightning.generation import SamplingStream
+from comlrl_lightning.distributed import world
 from comlrl_lightning.learned_reward import LearnedRewardOracle
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.protocols import RoundData, TaskSource, TeamModule, check_protocol
@@ -180,7 +179,7 @@ class LearnedRewardFit(_RewardModelFitting):
         self._restored_pairs = [PreferencePair.from_json(r) for r in state_dict.get("pairs", [])]
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        from comlrl_lightning.preferences import CollectionStats, collect_offline_pairs
+        from comlrl_lightning.preferences import CollectionStats, collect_offline_split
 
         args = pl_module.args
         seed = args.seed if self.seed is None else self.seed
@@ -190,11 +189,12 @@ class LearnedRewardFit(_RewardModelFitting):
             self._use_pairs(trainer, pl_module, pairs, stats, seed)
             return
         dm = trainer.datamodule
-        streams = [SamplingStream(seed + 1000 * i) for i in range(pl_module.team.num_agents)]
-        pairs, stats = collect_offline_pairs(
-            pl_module.team, dm.train_items, dm.formatters, dm.oracle, pl_module.sampling_settings(),
-            args.preference_num_candidates, args.pair_selection, args.preference_pairs_per_sample,
-            random.Random(seed), streams, chunk_size=self.chunk_size, progress=False,
+        # split across ranks and gathered (docs/scaling.md): every rank fits the same reward model on the same pairs
+        rank, world_size = world(trainer)
+        pairs, stats, _, _ = collect_offline_split(
+            pl_module.team, list(dm.train_items), dm.formatters, dm.oracle, pl_module.sampling_settings(),
+            args.preference_num_candidates, args.pair_selection, args.preference_pairs_per_sample, seed, rank,
+            world_size, chunk_size=self.chunk_size, progress=False,
         )
         self._use_pairs(trainer, pl_module, pairs, stats, seed)
 

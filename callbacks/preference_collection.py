@@ -3,18 +3,22 @@
 Offline MADPO collects once, at fit start (before Lightning builds the first train dataloader). The
 callback talks to the LightningModule through the ``TeamModule`` protocol and to the DataModule through
 ``PairSink`` (task items, formatters, oracle and ``add_round(pairs)``; see :mod:`comlrl_lightning.protocols`).
+
+Under a multi-process strategy (world size W) each rank samples, scores and selects the pairs of its own
+contiguous block of the task items with seeds derived from (seed, rank); the blocks' pairs are gathered in
+rank order, so every rank hands the same global pair list, in dataset order, to the data module
+(docs/scaling.md). ``shards`` records, per rank, ``[start, end, num_pairs]``.
 """
 
 from __future__ import annotations
 
-import random
-
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from comlrl_lightning.generation import SamplingStream
+from comlrl_lightning.distributed import world
 from comlrl_lightning.logging_utils import log_metrics
-from comlrl_lightning.preferences import collect_offline_pairs
+from comlrl_lightning.metrics import RoundMetrics
+from comlrl_lightning.preferences import collect_offline_split
 from comlrl_lightning.protocols import PairSink, TeamModule, check_protocol
 
 
@@ -22,8 +26,9 @@ class PreferenceCollection(L.Callback):
     """Collect offline preference pairs once at fit start.
 
     Args:
-        seed: seed of the agents' sampling streams (agent i uses ``seed + 1000 * i``) and of random pair
-            selection. None = the module's ``args.seed``.
+        seed: seed of the agents' sampling streams (agent i uses ``s + 1000 * i``) and of random pair
+            selection (``s``), where ``s = rank_seed(seed, rank)`` (``seed`` itself on rank 0 and in a single
+            process). None = the module's ``args.seed``.
         chunk_size: task items generated together per agent.
     """
 
@@ -32,6 +37,7 @@ class PreferenceCollection(L.Callback):
         self.chunk_size = chunk_size
         self.collected = False
         self.last_stats = None
+        self.shards: list[list[int]] = []
 
     @property
     def state_key(self) -> str:
@@ -45,19 +51,20 @@ class PreferenceCollection(L.Callback):
         if self.collected:  # restored from a checkpoint: the pairs came back with the data module state
             return
         args = pl_module.args
-        seed = args.seed if self.seed is None else self.seed
-        streams = [SamplingStream(seed + 1000 * i) for i in range(pl_module.team.num_agents)]
+        rank, world_size = world(trainer)
         dm = trainer.datamodule
-        pairs, stats = collect_offline_pairs(
-            pl_module.team, dm.train_items, dm.formatters, dm.oracle, pl_module.sampling_settings(),
+        pairs, stats, local_stats, self.shards = collect_offline_split(
+            pl_module.team, list(dm.train_items), dm.formatters, dm.oracle, pl_module.sampling_settings(),
             args.preference_num_candidates, args.pair_selection, args.preference_pairs_per_sample,
-            random.Random(seed), streams, chunk_size=self.chunk_size,
+            args.seed if self.seed is None else self.seed, rank, world_size, chunk_size=self.chunk_size,
+            progress=trainer.is_global_zero,
         )
+        metrics = RoundMetrics(pl_module.device)
+        metrics.update(local_stats)
         self.collected = True
         self.last_stats = stats
         dm.add_round(pairs)
-        log_metrics(trainer, {"round/num_pairs": stats.num_pairs, "round/candidate_reward_mean": stats.reward_mean,
-                              "round/index": 0})
+        log_metrics(trainer, {**metrics.compute(iterative=False), "round/index": 0})
         rank_zero_info(f"Collected {stats.num_pairs} preference pairs from {stats.num_items} task items "
                        f"({stats.num_candidates} joint responses, mean task reward {stats.reward_mean:.4f}).")
         if not pairs:
@@ -70,7 +77,8 @@ class PreferenceCollection(L.Callback):
             trainer.should_stop = True
 
     def state_dict(self) -> dict:
-        return {"collected": self.collected}
+        return {"collected": self.collected, "shards": [list(s) for s in self.shards]}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.collected = bool(state_dict.get("collected", False))
+        self.shards = [list(s) for s in state_dict.get("shards", [])]

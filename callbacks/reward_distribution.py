@@ -59,7 +59,9 @@ class RewardDistributionLogger(L.Callback):
         selected = {"target": [p.target_raw_reward for p in dm.pairs if p.target_raw_reward is not None],
                     "comparator": [p.comparator_raw_reward for p in dm.pairs if p.comparator_raw_reward is not None]}
         record = distribution_record(cand["round"] + 1, lo, hi, cand, selected)
-        path = write_record(output_dir(trainer, self.dirpath, "reward_distributions"), record)
+        # the round's rewards were gathered from every rank: rank 0 alone writes the file
+        path = write_record(output_dir(trainer, self.dirpath, "reward_distributions"), record) \
+            if trainer.is_global_zero else None
         if path is not None:
             self.files.append(str(path))
         metrics = {**round_metrics(record, "candidate"), **round_metrics(record, "selected", len(dm.pairs))}

@@ -260,11 +260,13 @@ def collect_offline_pairs(
     streams: Sequence[Any],
     chunk_size: int = 16,
     progress: bool = True,
+    item_offset: int = 0,
 ) -> tuple[list[PreferencePair], CollectionStats]:
     """One pass over ``items``: sample, score aligned joint responses, select pairs (docs/preference.md §3.1–3.4).
 
     Items are processed in chunks of ``chunk_size`` (one batched ``generate`` per agent per chunk), in
-    dataset order, so the pair order is dataset order then selection order.
+    dataset order, so the pair order is dataset order then selection order. ``item_offset`` is the dataset
+    index of ``items[0]`` (a rank's shard starts there, docs/scaling.md, section 1); the oracle sees dataset indices.
     """
     from comlrl_lightning.data.tasks import format_prompts
 
@@ -279,10 +281,10 @@ def collect_offline_pairs(
     try:
         for start in starts:
             chunk = list(items[start:start + chunk_size])
-            prompts = format_prompts(chunk, formatters, offset=start)
+            prompts = format_prompts(chunk, formatters, offset=item_offset + start)
             samples = sample_team(team, prompts, num_candidates, settings, streams)
             new, stats = build_offline_pairs(chunk, prompts, samples, oracle.score, pair_selection, limit, rng,
-                                             item_offset=start)
+                                             item_offset=item_offset + start)
             pairs.extend(new)
             total.add(stats)
             if bar is not None:
@@ -292,6 +294,45 @@ def collect_offline_pairs(
         if bar is not None:
             bar.close()
     return pairs, total
+
+
+def collect_offline_split(
+    team: Any,
+    items: Sequence[dict],
+    formatters: Sequence[Callable[[dict], str]],
+    oracle: Any,
+    settings: Any,
+    num_candidates: int,
+    pair_selection: str,
+    limit: int | None,
+    seed: int,
+    rank: int = 0,
+    world_size: int = 1,
+    chunk_size: int = 16,
+    progress: bool = True,
+) -> tuple[list[PreferencePair], CollectionStats, CollectionStats, list[list[int]]]:
+    """:func:`collect_offline_pairs` split across ``world_size`` ranks (docs/scaling.md): this rank collects its
+    block ``shard_bounds(len(items), rank, world_size)`` with agent i's stream seeded ``s + 1000 * i`` and pair
+    selection seeded ``s``, ``s = rank_seed(seed, rank)``; the blocks are gathered in rank order (a collective:
+    every rank calls it, empty blocks included).
+
+    Returns (global pairs in dataset order, global stats, this rank's stats, ``[start, end, num_pairs]`` per rank).
+    """
+    from comlrl_lightning.distributed import gather_objects, rank_seed, shard_bounds
+    from comlrl_lightning.generation import SamplingStream
+
+    start, end = shard_bounds(len(items), rank, world_size)
+    s = rank_seed(seed, rank)
+    streams = [SamplingStream(s + 1000 * i) for i in range(team.num_agents)]
+    local, local_stats = collect_offline_pairs(team, list(items[start:end]), formatters, oracle, settings,
+                                               num_candidates, pair_selection, limit, random.Random(s), streams,
+                                               chunk_size=chunk_size, progress=progress, item_offset=start)
+    shards = gather_objects((start, end, local, local_stats), world_size)
+    stats = CollectionStats()
+    for *_, shard_stats in shards:
+        stats.add(shard_stats)
+    pairs = [p for _, _, shard_pairs, _ in shards for p in shard_pairs]
+    return pairs, stats, local_stats, [[a, b, len(ps)] for a, b, ps, _ in shards]
 
 
 def build_iterative_pairs(

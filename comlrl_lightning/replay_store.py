@@ -129,7 +129,20 @@ class ReplayStore:
         except (TypeError, ValueError) as err:
             raise ValueError(f"cannot write {path}: a pair is not plain finite JSON ({err}).") from err
         write_text_atomic(path, text)
+        self._register(iteration, path, len(pairs), digest)
+        return path
 
+    def register_round(self, iteration: int, pairs: Sequence[dict[str, Any]]) -> Path:
+        """Add round ``iteration`` to the index without writing its file: the ranks other than 0 of a
+        multi-process run keep the same index as rank 0, which alone writes (docs/scaling.md)."""
+        if not _is_int(iteration) or iteration < 1:
+            raise ValueError(f"replay iteration numbers are 1-based ints, got {iteration!r}.")
+        pairs = list(pairs)
+        path = self.file_for(iteration)
+        self._register(iteration, path, len(pairs), json_digest(pairs))
+        return path
+
+    def _register(self, iteration: int, path: Path, num_pairs: int, digest: str) -> None:
         stale = [s for s in self._shards if s.iteration >= iteration]
         if stale:
             logger.warning(
@@ -138,9 +151,8 @@ class ReplayStore:
                 [s.iteration for s in stale],
             )
             self._shards = [s for s in self._shards if s.iteration < iteration]
-        if pairs:
-            self._shards.append(ReplayShard(iteration, path, len(pairs), digest))
-        return path
+        if num_pairs:
+            self._shards.append(ReplayShard(iteration, path, num_pairs, digest))
 
     def load_shard(self, shard: ReplayShard) -> list[dict[str, Any]]:
         """The pair records of ``shard``, after checking the file against the index.
@@ -245,8 +257,9 @@ class ReplayStore:
             "rng": rng_state_to_plain(self.rng),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the index and RNG of :meth:`state_dict`; shard files must exist in ``directory``."""
+    def load_state_dict(self, state: dict[str, Any], check_files: bool = True) -> None:
+        """Restore the index and RNG of :meth:`state_dict`; shard files must exist in ``directory`` unless
+        ``check_files`` is False (ranks that never read the files, docs/scaling.md)."""
         try:
             version = state["version"]
             entries = [(int(e["iteration"]), str(e["file"]), int(e["num_pairs"])) for e in state["shards"]]
@@ -264,7 +277,7 @@ class ReplayStore:
                 f"corrupt ReplayStore state: iterations must increase and num_pairs be >= 1 ({entries})."
             )
         shards = [ReplayShard(it, self.directory / name, n, d) for (it, name, n), d in zip(entries, digests)]
-        missing = [str(s.path) for s in shards if not s.path.is_file()]
+        missing = [str(s.path) for s in shards if check_files and not s.path.is_file()]
         if missing:
             raise FileNotFoundError(
                 f"The checkpoint's replay index needs {len(missing)} shard file(s) missing from {self.directory}, "

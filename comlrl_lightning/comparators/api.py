@@ -51,6 +51,13 @@ class APIComparator:
 
     def setup(self, trainer: Any, pl_module: Any) -> None:
         self.pl_module = pl_module
+        # the ranks of a multi-process run query the endpoint at once: each gets an equal share of the run's
+        # concurrency limit, at least 1 (docs/scaling.md, section 2.1)
+        world_size = int(getattr(trainer, "world_size", 1) or 1)
+        limit = getattr(self, "run_max_concurrency", None) or getattr(self.client, "max_concurrency", None)
+        if world_size > 1 and isinstance(limit, int):  # (the run's limit is kept: setup runs once per fit)
+            self.run_max_concurrency = limit
+            self.client.max_concurrency = max(1, limit // world_size)
 
     def sample(self, prompts: Sequence[Sequence[str]], num_candidates: int,
                items: Sequence[dict] | None = None) -> list[Samples]:

@@ -29,6 +29,7 @@ from comlrl_lightning.agents import AgentTeam, build_agents, load_tokenizer
 from comlrl_lightning.comparators.api import APIComparator, APIComparatorClient
 from comlrl_lightning.devices import device_of
 from comlrl_lightning.devices import resolve_devices as _resolve_devices
+from comlrl_lightning.distributed import rank_seed
 from comlrl_lightning.generation import Samples, SamplingStream, sample_completions
 from comlrl_lightning.preferences import sample_team
 
@@ -87,7 +88,7 @@ class LocalComparator:
 
     Args:
         seed: base seed of the comparator streams (None: ``comparator_seed(args.seed)``); agent i's stream
-            is seeded with ``base + 1_000_003 * i``.
+            is seeded with ``rank_seed(base, rank) + 1_000_003 * i`` (``base`` itself on rank 0).
     """
 
     policy = "local"
@@ -102,6 +103,7 @@ class LocalComparator:
         self.pl_module = pl_module
         if self.streams is None:
             base = comparator_seed(pl_module.args.seed) if self.seed is None else int(self.seed)
+            base = rank_seed(base, getattr(trainer, "global_rank", 0))  # each rank its own streams (docs/scaling.md)
             self.streams = [SamplingStream(base + 1_000_003 * i) for i in range(pl_module.team.num_agents)]
         if self._pending_state is not None:
             self.load_state_dict(self._pending_state)

@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from comlrl_lightning.data.preference import EpochPermutation, PreferenceDataModule, _PairList, check_pairs
+from comlrl_lightning.distributed import broadcast_object, world
 from comlrl_lightning.preferences import PreferencePair
 from comlrl_lightning.protocols import Comparator, check_protocol
 from comlrl_lightning.replay import ReplayStore
@@ -117,11 +118,18 @@ class IterativePreferenceDataModule(PreferenceDataModule):
         store = self._require_store()
         iteration = self.pending_round + 1
         records = [p.to_json() for p in self.new_pairs]
-        store.write_round(iteration, records)
+        # the round holds the gathered pairs of every rank: rank 0 alone writes the file and draws the replay
+        # selection, which it hands to the other ranks (they keep the same shard index; docs/scaling.md)
+        rank, world_size = world(self.trainer)
+        if rank == 0:
+            store.write_round(iteration, records)
+        else:
+            store.register_round(iteration, records)
         if mode == "current":
             self.pairs = list(self.new_pairs)
         else:
-            chosen = store.select(mode, records, sample_size=sample_size, k=k, lam=lam)
+            chosen = store.select(mode, records, sample_size=sample_size, k=k, lam=lam) if rank == 0 else None
+            chosen = broadcast_object(chosen, world_size)
             self.pairs = [PreferencePair.from_json(r, self.num_agents) for r in chosen]
         self.pending_round = None
         return {"iteration": iteration, "num_pairs": len(records), "total_pairs": store.total_pairs,
@@ -181,6 +189,7 @@ class IterativePreferenceDataModule(PreferenceDataModule):
             self.comparator.load_state_dict(self._comparator_state)
             self._comparator_state = None
         if state.get("replay") is not None:
-            self.store.load_state_dict(state["replay"])
-            for shard in self.store.shards:  # fail now, naming the file, rather than rounds later
+            rank0 = world(self.trainer)[0] == 0  # only rank 0 reads the round files (docs/scaling.md)
+            self.store.load_state_dict(state["replay"], check_files=rank0)
+            for shard in self.store.shards if rank0 else ():  # fail now, naming the file, rather than rounds later
                 self.store.load_shard(shard)

@@ -40,6 +40,7 @@ from torch import nn
 
 from comlrl_lightning.config import IACConfig, MAACConfig
 from comlrl_lightning.devices import device_of, resolve_devices
+from comlrl_lightning.distributed import rank_seed, world
 from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
 from comlrl_lightning.generation import SamplingStream, sample_completions
 from comlrl_lightning.logging_utils import log_metrics
@@ -121,6 +122,7 @@ class ActorCriticModule(TeamModuleBase):
         self.buffers: list[list[EpisodeSample]] = [[] for _ in range(n)]
         self.num_drains = 0
         self._last_logged_env_step: int | None = None
+        self._rank_seeded = False
         self.last_rollouts: list[EpisodeSample] = []
         self.formatters: list[Callable] | None = None
         self.oracle: Any = None
@@ -140,6 +142,12 @@ class ActorCriticModule(TeamModuleBase):
         self.formatters, self.oracle, self.external_transition = list(formatters), oracle, external_transition
 
     def setup(self, stage: str) -> None:
+        rank = world(self._trainer)[0] if self._trainer is not None else 0
+        if rank > 0 and not self._rank_seeded:  # each rank its own rollout streams (docs/scaling.md)
+            seed = rank_seed(self.args.seed, rank)
+            self.streams = [SamplingStream(seed * 1_000_003 + 7919 * i + 17) for i in range(self.team.num_agents)]
+            self._rng = random.Random(seed)
+        self._rank_seeded = True
         dm = getattr(self.trainer, "datamodule", None)
         if dm is None or not hasattr(dm, "oracle") or not hasattr(dm, "formatters"):
             raise ValueError(f"{self.method} needs a task data module with `formatters` and `oracle` "
@@ -446,6 +454,13 @@ class ActorCriticModule(TeamModuleBase):
     def load_progress_state(self, state: dict[str, Any]) -> None:
         super().load_progress_state(state)
         self.num_drains = int(state.get("num_drains", 0))
+        self.load_rank_state(state)
+
+    def rank_state(self) -> dict[str, Any]:
+        return {"buffers": [[s.as_dict() for s in b] for b in self.buffers],
+                "streams": [s.state_dict() for s in self.streams], "shuffle_rng": self._rng.getstate()}
+
+    def load_rank_state(self, state: dict[str, Any]) -> None:
         if "buffers" in state:
             self.buffers = [[EpisodeSample.from_dict(s) for s in b] for b in state["buffers"]]
         for s, stream_state in zip(self.streams, state.get("streams", [])):

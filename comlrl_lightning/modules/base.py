@@ -36,6 +36,7 @@ from comlrl_lightning.agents import AgentTeam, build_agents
 from comlrl_lightning.config.secrets import redact_secrets
 from comlrl_lightning.data.tasks import PREDICT_REFUSED
 from comlrl_lightning.devices import common_device, resolve_devices
+from comlrl_lightning.distributed import gather_objects, per_rank_entry, world
 from comlrl_lightning.evaluation import evaluate_team
 from comlrl_lightning.files import state_digest
 from comlrl_lightning.generation import SamplingSettings
@@ -287,13 +288,33 @@ class TeamModuleBase(L.LightningModule):
         self.env_step = int(state.get("env_step", 0))
         self.updates_seen = int(state.get("updates_seen", 0))
 
+    def rank_state(self) -> dict[str, Any]:
+        """What differs between the ranks of a multi-process run (the rollout streams, for instance; plain types).
+        Saved per rank: :meth:`on_save_checkpoint` gathers it from every rank (docs/scaling.md)."""
+        return {}
+
+    def load_rank_state(self, state: dict[str, Any]) -> None:
+        """Restore this rank's entry of :meth:`rank_state` (applied after :meth:`load_progress_state`)."""
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["comlrl_progress"] = self.progress_state()
+        trainer = self._trainer
+        own = self.rank_state()
+        if own:  # every rank dumps the checkpoint (Lightning), so the gather is met by all; rank 0 writes it
+            checkpoint["comlrl_rank_states"] = gather_objects(own, world(trainer)[1] if trainer is not None else 1)
         seal_checkpoint(self, checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         verify_checkpoint(self, checkpoint)
         self.load_progress_state(checkpoint.get("comlrl_progress", {}))
+        rank, world_size = world(self._trainer) if self._trainer is not None else (0, 1)
+        states = checkpoint.get("comlrl_rank_states")
+        if states is None and world_size == 1:  # a checkpoint of a single process from before per-rank states
+            return
+        if states is not None or self.rank_state():
+            own = per_rank_entry(states if states is not None else [None], rank, world_size, type(self).__name__)
+            if own:
+                self.load_rank_state(own)
 
     def save_agents(self, output_dir: str) -> list[str]:
         """Write ``output_dir/agent_{i}/`` per agent (model + tokenizer, or the LoRA adapter)."""

@@ -20,9 +20,11 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.config import MADPOConfig, MADPOIterConfig
+from comlrl_lightning.distributed import world
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import sequence_logps
 from comlrl_lightning.losses import madpo_loss, madpo_loss_detached_others
+from comlrl_lightning.metrics import mean_across_ranks
 from comlrl_lightning.modules.base import TeamModuleBase
 from comlrl_lightning.tiny import TINY_MODEL_NAME
 
@@ -156,6 +158,9 @@ class MADPOModule(TeamModuleBase):
             metrics[f"train/agent{i}/logps/chosen"] = stats["chosen_logps"][i]
             metrics[f"train/agent{i}/logps/rejected"] = stats["rejected_logps"][i]
         if self._log_gate_passes():  # straight to the loggers: self.log would repeat stale values on gated steps
+            # under DDP, the means over every rank's batch (torchmetrics; docs/scaling.md, section 3)
+            metrics = mean_across_ranks({k: float(v) for k, v in metrics.items()}, bsz, world(self._trainer)[1],
+                                        self.device, keep=("env_step", "round"))
             log_metrics(self.trainer, metrics)
         self.log("loss", loss.detach(), prog_bar=True, batch_size=bsz, logger=False)
         pairs = getattr(getattr(self.trainer, "datamodule", None), "pairs", None)

@@ -35,11 +35,13 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.config import MAGRPOConfig
 from comlrl_lightning.data.tasks import format_prompts
+from comlrl_lightning.distributed import rank_seed, world
 from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
 from comlrl_lightning.generation import Samples, SamplingStream, sample_completions
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss
+from comlrl_lightning.metrics import mean_across_ranks
 from comlrl_lightning.modules.base import TeamModuleBase
 from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
 from comlrl_lightning.multiturn.tree import AgentDraw, NodeSample, build_trees, node_samples
@@ -86,8 +88,15 @@ class MAGRPOModule(TeamModuleBase):
         self.buffers: list[list[NodeSample]] = [[] for _ in range(n)]
         self.optimizer_steps = 0
         self._last_logged_step: int | None = None
+        self._rank_seeded = False
 
     def setup(self, stage: str) -> None:
+        rank = world(self._trainer)[0] if self._trainer is not None else 0
+        if rank > 0 and not self._rank_seeded:  # each rank its own rollout streams (docs/scaling.md)
+            seed = rank_seed(self.args.seed, rank)
+            self.streams = [SamplingStream(seed * 1_000_003 + 7919 * i + 17) for i in range(self.team.num_agents)]
+            self.shuffle_rng = random.Random(seed)
+        self._rank_seeded = True
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if dm is None:
             return
@@ -369,6 +378,8 @@ class MAGRPOModule(TeamModuleBase):
             metrics[f"turn_{t}/reference_kl_mean"] = kl
             metrics[f"turn_{t}/reference_kl_penalty_mean"] = self.args.reference_kl_coef * kl
         if self._trainer is not None:
+            # under DDP, the means over every rank's group (torchmetrics; docs/scaling.md, section 3)
+            metrics = mean_across_ranks(metrics, len(group), world(self._trainer)[1], self.device, keep=("env_step",))
             log_metrics(self.trainer, metrics)
 
     # --- checkpoint ----------------------------------------------------------------------------------------
@@ -379,6 +390,12 @@ class MAGRPOModule(TeamModuleBase):
     def load_progress_state(self, state: dict[str, Any]) -> None:
         super().load_progress_state(state)
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
+        self.load_rank_state(state)
+
+    def rank_state(self) -> dict[str, Any]:
+        return {"streams": [s.state_dict() for s in self.streams], "shuffle_rng": list(self.shuffle_rng.getstate())}
+
+    def load_rank_state(self, state: dict[str, Any]) -> None:
         for s, stream_state in zip(self.streams, state.get("streams", [])):
             s.load_state_dict(stream_state)
         if "shuffle_rng" in state:

@@ -1,0 +1,106 @@
+"""Work split across ranks: which items a rank collects, its seeds, and the gather of what the ranks produced
+(docs/scaling.md).
+
+Under a Lightning strategy with world size ``W`` (DDP on CPU/gloo or GPU/nccl, one or several nodes), a
+collection round is split by **contiguous blocks**: with ``n`` items, rank ``r`` takes items
+``[start_r, end_r)`` where the first ``n % W`` ranks hold ``ceil(n / W)`` items and the others
+``floor(n / W)`` (``numpy.array_split``'s rule). With ``W > n`` the ranks ``r >= n`` hold no item; they
+still take part in every gather, so no rank waits forever. Gathering the ranks' lists in rank order then
+gives back dataset order, the same order a single process produces.
+
+Seeds: rank ``r`` derives every seed of its collection streams with :func:`rank_seed`
+(``seed + RANK_SEED_STRIDE * r``), so rank 0 of a DDP run and a single process use the same seeds and a run
+is reproducible for a fixed (seed, W).
+
+Without an initialized process group (one process, tests, notebooks) every function here is the identity
+of the single-rank case; nothing imports Lightning.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Distance between the seeds of two ranks (a prime far above the per-agent offsets used by the streams).
+RANK_SEED_STRIDE = 1_000_000_007
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed rank ``rank`` uses in place of ``seed``: ``seed + RANK_SEED_STRIDE * rank`` (rank 0: ``seed``)."""
+    return int(seed) + RANK_SEED_STRIDE * int(rank)
+
+
+def shard_bounds(num_items: int, rank: int, world_size: int) -> tuple[int, int]:
+    """``[start, end)`` of rank ``rank``'s contiguous block of ``num_items`` items over ``world_size`` ranks.
+
+    With ``q, m = divmod(n, W)``: rank r holds ``q + 1`` items if ``r < m`` else ``q``, and starts at
+    ``r * q + min(r, m)``. Every item belongs to exactly one rank; blocks are in rank order.
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size) with world_size >= 1; got rank={rank}, "
+                         f"world_size={world_size}.")
+    if num_items < 0:
+        raise ValueError(f"num_items must be >= 0; got {num_items}.")
+    q, m = divmod(int(num_items), int(world_size))
+    start = rank * q + min(rank, m)
+    return start, start + q + (1 if rank < m else 0)
+
+
+def world(trainer: Any = None) -> tuple[int, int]:
+    """``(rank, world_size)`` of this process: the trainer's ``global_rank`` / ``world_size`` when given, else
+    the default process group's, else ``(0, 1)``."""
+    if trainer is not None:
+        return int(getattr(trainer, "global_rank", 0)), int(getattr(trainer, "world_size", 1))
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _group_ready(world_size: int) -> bool:
+    import torch.distributed as dist
+
+    return world_size > 1 and dist.is_available() and dist.is_initialized()
+
+
+def gather_objects(obj: Any, world_size: int) -> list[Any]:
+    """Every rank's ``obj`` (any picklable value), in rank order, on every rank (``all_gather_object``).
+
+    A collective: every rank of the group must call it at the same point, empty shards included. With one
+    rank (or no process group) it returns ``[obj]``.
+    """
+    if not _group_ready(world_size):
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, world_size: int, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` on every rank (a collective; with one rank: ``obj``)."""
+    if not _group_ready(world_size):
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def per_rank_entry(states: Any, rank: int, world_size: int, what: str) -> Any:
+    """Rank ``rank``'s entry of a checkpoint's per-rank list ``states`` (saved by a run of ``len(states)`` ranks).
+
+    A checkpoint written with another world size cannot continue the ranks' own streams: that is refused with
+    a ``ValueError`` naming both sizes (resume with the same number of processes, or start a new run).
+    """
+    if not isinstance(states, list):
+        raise ValueError(f"{what}: the checkpoint's per-rank state must be a list; got {type(states).__name__}.")
+    if len(states) != world_size:
+        raise ValueError(
+            f"{what}: the checkpoint was written by a run with world size {len(states)} (processes across all nodes) "
+            f"and this run has world size {world_size}. Each rank's sampling streams are saved per rank, so a run "
+            f"resumes only with the same world size: relaunch with {len(states)} processes in total (devices x "
+            "num_nodes), or start a new run from the exported agents.")
+    return states[rank]
