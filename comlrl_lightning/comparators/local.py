@@ -27,7 +27,8 @@ import torch
 
 from comlrl_lightning.agents import AgentTeam, build_agents, load_tokenizer
 from comlrl_lightning.comparators.api import APIComparator, APIComparatorClient
-from comlrl_lightning.generation import Samples, SamplingStream, sample_completions
+from comlrl_lightning.engines import engine_of
+from comlrl_lightning.generation import Samples, SamplingStream
 from comlrl_lightning.preferences import sample_team
 
 __all__ = [
@@ -140,10 +141,8 @@ class LocalComparator:
         """Samples of one comparator slot only (used by centralized comparator generation)."""
         if self.streams is None:
             raise RuntimeError(f"{type(self).__name__}.setup(trainer, pl_module) must run before sampling.")
-        team = self.team()
-        with team.activate(agent_index) as model:
-            return sample_completions(model, team.tokenizers[agent_index], list(prompts), num_candidates,
-                                      self.pl_module.sampling_settings(), self.streams[agent_index])
+        return engine_of(self.team()).sample(agent_index, list(prompts), num_candidates,
+                                             self.pl_module.sampling_settings(), self.streams[agent_index])
 
     def state_dict(self) -> dict:
         return {"policy": self.policy, "streams": [_stream_state(s) for s in self.streams or []]}
