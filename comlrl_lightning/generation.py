@@ -99,7 +99,7 @@ def encode_prompts(model: Any, tokenizer: Any, prompts: Sequence[str],
     return cut, any(len(a) != len(b) for a, b in zip(cut, prompt_ids))
 
 
-def trim_completion(row: Sequence[int], pad_id: int | None) -> list[int]:
+def cut_at_pad(row: Sequence[int], pad_id: int | None) -> list[int]:
     """Generated ids up to (excluding) the first pad token; with pad != eos the EOS token stays in."""
     row = list(row)
     return row[:row.index(pad_id)] if pad_id in row else row
@@ -174,7 +174,7 @@ def sample_completions(
             for p in range(len(chunk)):
                 rows, row_texts = [], []
                 for c in range(num_candidates):
-                    ids = trim_completion(gen[p * num_candidates + c], pad_id)
+                    ids = cut_at_pad(gen[p * num_candidates + c], pad_id)
                     rows.append(ids)
                     row_texts.append(tokenizer.decode(ids, skip_special_tokens=True))
                 completion_ids.append(rows)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from comlrl_lightning.engines.base import SampleRequest
-from comlrl_lightning.generation import Samples, SamplingSettings, SamplingStream, encode_prompts, trim_completion
+from comlrl_lightning.generation import Samples, SamplingSettings, SamplingStream, cut_at_pad, encode_prompts
 
 #: Head sizes the CPU attention backend of vLLM 0.32 supports (a model with another size crashes at its first
 #: generate, so the engine refuses it at start).
@@ -48,8 +48,13 @@ _EXTRA_TO_VLLM = {"repetition_penalty": "repetition_penalty", "min_new_tokens": 
                   "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
                   "min_p": "min_p"}
 
-#: Defaults for CPU runs (the KV cache otherwise takes 4 GiB of memory per engine).
-CPU_DEFAULTS = {"kv_cache_memory_bytes": 256 * 2**20}
+#: Defaults for CPU runs: a 256 MiB KV cache (vLLM's default reserves 4 GiB per engine) and no torch.compile
+#: (full-model engines otherwise compile with inductor at start, minutes on 2 cores; LoRA engines never compile).
+CPU_DEFAULTS = {"kv_cache_memory_bytes": 256 * 2**20, "enforce_eager": True}
+
+
+#: Worker mix-in that reloads full weights (and a tied ``lm_head``) in vLLM's worker process.
+WORKER_EXTENSION = "comlrl_lightning.engines.vllm_worker.WeightSyncExtension"
 
 
 class EngineError(RuntimeError):
@@ -107,7 +112,8 @@ class VLLMEngine:
         team: the :class:`~comlrl_lightning.agents.AgentTeam` served.
         vllm_kwargs: extra ``vllm.LLM`` keyword arguments (``kv_cache_memory_bytes``, ``max_model_len``,
             ``gpu_memory_utilization``, ``dtype``, ``enforce_eager``, ...); ``dtype`` defaults to the agents' dtype
-            and, on CPU, ``kv_cache_memory_bytes`` to 256 MiB (unless ``VLLM_CPU_KVCACHE_SPACE`` is set).
+            and, on CPU, ``kv_cache_memory_bytes`` to 256 MiB (unless ``VLLM_CPU_KVCACHE_SPACE`` is set) and
+            ``enforce_eager`` to True (:data:`CPU_DEFAULTS`).
         workdir: folder for model copies and adapter versions (default: a fresh temporary folder, removed on
             :meth:`close`).
     """
@@ -194,11 +200,15 @@ class VLLMEngine:
         dtype = next(model.parameters()).dtype
         kwargs: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch."), "skip_tokenizer_init": True,
                                   "disable_log_stats": True, "seed": 0}
-        if _is_cpu() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+        if _is_cpu():
             kwargs.update(CPU_DEFAULTS)
+            if "VLLM_CPU_KVCACHE_SPACE" in os.environ:
+                kwargs.pop("kv_cache_memory_bytes")
         if self.lora:
             ranks = [int(c.r) for c in model.peft_config.values()]
             kwargs.update(enable_lora=True, max_loras=len(server.agents), max_lora_rank=_lora_rank(max(ranks)))
+        else:
+            kwargs["worker_extension_cls"] = WORKER_EXTENSION
         kwargs.update(self.vllm_kwargs)
         return kwargs
 
@@ -223,14 +233,7 @@ class VLLMEngine:
             llm, server.llm = server.llm, None
             if llm is None:
                 continue
-            try:
-                shutdown = getattr(llm, "shutdown", None)
-                if shutdown is not None:
-                    shutdown()
-                else:
-                    llm.llm_engine.engine_core.shutdown()
-            except Exception:  # noqa: BLE001 - a dead engine has nothing left to shut down
-                pass
+            _shutdown(llm)
             del llm
         gc.collect()
         if self.workdir is not None:
@@ -276,7 +279,7 @@ class VLLMEngine:
         self._next_lora_id += 1
         server.loras[agent] = request
         if old is not None:
-            self._call(server, lambda: server.llm.llm_engine.remove_lora(old.lora_int_id))
+            self._call(server, server.llm.llm_engine.remove_lora, old.lora_int_id)
             shutil.rmtree(old.lora_path, ignore_errors=True)
 
     def _push_full(self, server: _Server) -> None:
@@ -290,8 +293,7 @@ class VLLMEngine:
         if getattr(model.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)
         save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-        self._call(server, lambda: server.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)}))
-        self._call(server, lambda: server.llm.collective_rpc(_REPROCESS))
+        self._call(server, server.llm.collective_rpc, "comlrl_reload_weights", kwargs={"weights_path": str(folder)})
         self._call(server, server.llm.reset_prefix_cache)
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -330,7 +332,7 @@ class VLLMEngine:
                         loras.append(server.loras.get(r.agent_index))
                         owners.append(q)
             kwargs = {"lora_request": loras} if self.lora else {}
-            results = self._call(server, lambda: server.llm.generate(prompts, params, use_tqdm=False, **kwargs))
+            results = self._call(server, server.llm.generate, prompts, params, use_tqdm=False, **kwargs)
             for q, res in zip(owners, results):
                 outputs[q].append(list(res.outputs[0].token_ids))
         out = []
@@ -338,7 +340,7 @@ class VLLMEngine:
             tok = self.team.tokenizers[r.agent_index]
             ids, _ = encoded[q]
             k = r.num_candidates
-            rows = [[trim_completion(outputs[q][p * k + c], tok.pad_token_id) for c in range(k)] for p in range(len(ids))]
+            rows = [[cut_at_pad(outputs[q][p * k + c], tok.pad_token_id) for c in range(k)] for p in range(len(ids))]
             texts = [[tok.decode(c, skip_special_tokens=True) for c in row] for row in rows]
             out.append(Samples(prompt_ids=[list(x) for x in ids], completion_ids=rows, texts=texts))
         return out
@@ -360,15 +362,32 @@ class VLLMEngine:
                               max_tokens=settings.max_new_tokens, seed=seed, stop_token_ids=[eos], detokenize=False,
                               **extra)
 
-    def _call(self, server: _Server, fn: Any) -> Any:
-        """``fn()`` with an engine failure turned into an :class:`EngineError` naming the engine."""
+    def _call(self, server: _Server, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` with an engine failure turned into an :class:`EngineError` naming the engine."""
         try:
-            return fn()
+            return fn(*args, **kwargs)
         except Exception as exc:
             if _is_engine_dead(exc):
                 raise EngineError(f"The vLLM engine for {server.label} ({server.folder}) died: "
                                   f"{type(exc).__name__}: {exc}. Resume the run from its last checkpoint.") from exc
             raise
+
+
+def _shutdown(llm: Any, timeout: float = 10.0) -> None:
+    """Stop an ``LLM``'s engine-core process (its workers stop with it) and reap it; a dead engine is fine."""
+    client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    manager = getattr(getattr(client, "resources", None), "engine_manager", None)
+    processes = list(getattr(manager, "processes", []) or [])
+    try:
+        if client is not None:
+            client.shutdown()
+    except Exception:  # noqa: BLE001 - a dead engine has nothing left to shut down
+        pass
+    for proc in processes:
+        proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout)
 
 
 def _is_engine_dead(exc: BaseException) -> bool:
@@ -378,5 +397,3 @@ def _is_engine_dead(exc: BaseException) -> bool:
         return "EngineDead" in type(exc).__name__
     return isinstance(exc, EngineDeadError) or "EngineDead" in type(exc).__name__
 
-
-_REPROCESS = "comlrl_lightning.engines.vllm_worker.reprocess_weights"

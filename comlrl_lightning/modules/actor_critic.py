@@ -39,8 +39,8 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from comlrl_lightning.config import IACConfig, MAACConfig
-from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
 from comlrl_lightning.engines import engine_of
+from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
 from comlrl_lightning.generation import SamplingStream
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
