@@ -373,21 +373,24 @@ class VLLMEngine:
             raise
 
 
-def _shutdown(llm: Any, timeout: float = 10.0) -> None:
-    """Stop an ``LLM``'s engine-core process (its workers stop with it) and reap it; a dead engine is fine."""
+def _shutdown(llm: Any, timeout: float = 60.0) -> None:
+    """Stop an ``LLM``'s engine-core process and reap it; a dead engine is fine. The engine core is given
+    ``timeout`` seconds (vLLM's default is 5): it first waits for its workers, then frees the shared-memory queues,
+    and on a loaded 2-core machine a worker was seen taking more than 5 s to exit (the core was then killed and its
+    shared memory left behind)."""
     client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
     manager = getattr(getattr(client, "resources", None), "engine_manager", None)
     processes = list(getattr(manager, "processes", []) or [])
     try:
         if client is not None:
-            client.shutdown()
+            client.shutdown(timeout=timeout)
     except Exception:  # noqa: BLE001 - a dead engine has nothing left to shut down
         pass
     for proc in processes:
         proc.join(timeout)
         if proc.is_alive():
             proc.kill()
-            proc.join(timeout)
+            proc.join(10)
 
 
 def _is_engine_dead(exc: BaseException) -> bool:

@@ -121,6 +121,21 @@ class MAGRPOModule(TeamModuleBase):
                 d.kls = kls
         return draws
 
+    def _sample_team_level(self, prompts: Sequence[Sequence[tuple[str, str]]]) -> list[list[AgentDraw]]:
+        """:meth:`_sample_level` for every agent at once: one engine call for the whole level (the HF engine
+        samples agent after agent from the same streams, so its draws equal per-agent calls)."""
+        k, settings = self.args.num_generations, self.sampling_settings()
+        requests = [SampleRequest(a, [p for p, _ in level], k, self.streams[a]) for a, level in enumerate(prompts)]
+        out = []
+        for a, (level, s) in enumerate(zip(prompts, engine_of(self.team).sample_many(requests, settings))):
+            draws = [AgentDraw(p, u, s.prompt_ids[i], s.completion_ids[i], s.texts[i])
+                     for i, (p, u) in enumerate(level)]
+            if self.reference is not None:
+                for d, kls in zip(draws, self._sequence_kls(a, draws)):
+                    d.kls = kls
+            out.append(draws)
+        return out
+
     @torch.no_grad()
     def _sequence_kls(self, agent: int, draws: Sequence[AgentDraw], max_rows: int = 256) -> list[list[float]]:
         """k3 KL of each completion of each draw against the frozen reference, at generation time
@@ -183,6 +198,8 @@ class MAGRPOModule(TeamModuleBase):
         trees, self.env_step = build_trees(
             n, a.num_generations, a.num_turns, a.joint_mode, roots,
             sample_level=lambda agent, turn, prompts: self._sample_level(agent, prompts),
+            sample_team_level=(None if self.per_node_sampling
+                               else (lambda turn, prompts: self._sample_team_level(prompts))),
             reward=reward, transition=step if transition is not None else None,
             early_termination_threshold=a.early_termination_threshold, env_step=self.env_step,
         )
