@@ -29,6 +29,7 @@ import os
 import random
 import shutil
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,34 @@ class _Server:
         self.label = label
         self.llm: Any = None
         self.loras: dict[int, Any] = {}  # agent -> current LoRARequest
+        self.closing = False
+
+    def watch(self) -> None:
+        """A daemon thread that wakes a call blocked on a dead engine: vLLM's synchronous client marks the engine
+        dead when its core process exits, but a ``generate`` already waiting for outputs would wait forever; the
+        thread hands it an ``EngineDeadError`` instead."""
+        client = self.llm.llm_engine.engine_core
+        manager = getattr(getattr(client, "resources", None), "engine_manager", None)
+        processes = list(getattr(manager, "processes", []) or [])
+        queue = getattr(client, "outputs_queue", None)
+        if not processes or queue is None:
+            return
+
+        def run() -> None:
+            from multiprocessing.connection import wait
+
+            from vllm.v1.engine.exceptions import EngineDeadError
+
+            wait([p.sentinel for p in processes])
+            if not self.closing:
+                queue.put_nowait(EngineDeadError())
+
+        threading.Thread(target=run, daemon=True, name=f"comlrl-vllm-watch-{self.label}").start()
+
+    def dead(self) -> bool:
+        """True once vLLM has marked the engine dead (its core process exited)."""
+        client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        return bool(getattr(getattr(client, "resources", None), "engine_dead", False))
 
 
 class VLLMEngine:
@@ -225,11 +254,13 @@ class VLLMEngine:
         except Exception as exc:
             raise EngineError(f"The vLLM engine for {server.label} ({server.folder}) failed to start: "
                               f"{type(exc).__name__}: {exc}") from exc
+        server.watch()
 
     def close(self) -> None:
         """Shut every engine down (processes and shared memory) and remove the work folder."""
         servers, self.servers, self.server_of = self.servers, [], {}
         for server in servers:
+            server.closing = True
             llm, server.llm = server.llm, None
             if llm is None:
                 continue
@@ -365,11 +396,15 @@ class VLLMEngine:
     def _call(self, server: _Server, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` with an engine failure turned into an :class:`EngineError` naming the engine."""
         try:
+            if server.dead():
+                from vllm.v1.engine.exceptions import EngineDeadError
+
+                raise EngineDeadError()
             return fn(*args, **kwargs)
         except Exception as exc:
             if _is_engine_dead(exc):
-                raise EngineError(f"The vLLM engine for {server.label} ({server.folder}) died: "
-                                  f"{type(exc).__name__}: {exc}. Resume the run from its last checkpoint.") from exc
+                raise EngineError(f"The vLLM engine for {server.label} ({server.folder}) died "
+                                  f"({type(exc).__name__}). Resume the run from its last checkpoint.") from exc
             raise
 
 

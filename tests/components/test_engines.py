@@ -112,7 +112,12 @@ class _RecordingEngine(HFEngine):
         self.synced: list = []
         self.closed = 0
         self.samples = 0
+        self.batches: list[list[int]] = []
         self.fail_after = fail_after
+
+    def sample_many(self, requests, settings):
+        self.batches.append([r.agent_index for r in requests])
+        return super().sample_many(requests, settings)
 
     def sample(self, *args, **kwargs):
         self.samples += 1
@@ -144,6 +149,7 @@ def test_module_syncs_each_agent_after_its_optimizer_step_and_closes_the_engine(
     trainer.train()
     steps = trainer.module.optimizer_steps
     assert steps > 0 and engine.samples > 0
+    assert engine.batches and all(b == [0, 1] for b in engine.batches)  # one call per tree level, both agents
     assert sorted(x for s in engine.synced for x in s) == sorted([0, 1] * (len(engine.synced) // 2))
     assert len(engine.synced) == trainer.trainer.global_step  # one sync per agent optimizer step
     assert engine.closed == 1
