@@ -159,6 +159,7 @@ class VLLMEngine:
         self.stale: set[int] = set(range(team.num_agents))
         self._next_lora_id = 1
         self._version = 0
+        self._shm_before: set[str] = set()
         n = team.num_agents
         self.lora = team.uses_lora
         if self.lora and (not all(a is not None for a in team.adapters) or len(team.unique_models()) != 1):
@@ -177,6 +178,7 @@ class VLLMEngine:
         if self.started:
             return
         self.workdir = Path(tempfile.mkdtemp(prefix="comlrl-vllm-", dir=self.workdir_root))
+        self._shm_before = _shm_names()
         try:
             if self.lora:
                 model = self.team.models[0]
@@ -259,6 +261,7 @@ class VLLMEngine:
     def close(self) -> None:
         """Shut every engine down (processes and shared memory) and remove the work folder."""
         servers, self.servers, self.server_of = self.servers, [], {}
+        died = any(s.llm is not None and s.dead() for s in servers)
         for server in servers:
             server.closing = True
             llm, server.llm = server.llm, None
@@ -267,6 +270,8 @@ class VLLMEngine:
             _shutdown(llm)
             del llm
         gc.collect()
+        if died:  # a killed engine core could not free its shared-memory queues
+            _unlink_orphan_shm(self._shm_before)
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
@@ -426,6 +431,32 @@ def _shutdown(llm: Any, timeout: float = 60.0) -> None:
         if proc.is_alive():
             proc.kill()
             proc.join(10)
+
+
+def _shm_names() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def _unlink_orphan_shm(before: set[str]) -> list[str]:
+    """Remove the ``/dev/shm/psm_*`` segments created since ``before`` that no live process maps any more (what a
+    killed vLLM process leaves behind); returns their names."""
+    candidates = {n for n in _shm_names() - before if n.startswith("psm_")}
+    if not candidates:
+        return []
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue
+        candidates = {n for n in candidates if f"/dev/shm/{n}" not in text}
+        if not candidates:
+            return []
+    for name in candidates:
+        try:
+            os.unlink(f"/dev/shm/{name}")
+        except OSError:
+            pass
+    return sorted(candidates)
 
 
 def _is_engine_dead(exc: BaseException) -> bool:
