@@ -162,3 +162,19 @@ def test_engine_is_closed_when_the_fit_fails(tiny_model_dir):
     with pytest.raises(RuntimeError, match="engine died"):
         trainer.train()
     assert engine.closed >= 1
+
+
+@pytest.mark.parametrize("config", ["madpo/tiny.yaml", "iac/tiny.yaml"])  # the option group is shared by all
+def test_generation_backend_is_reachable_from_yaml(config, capsys):
+    from pathlib import Path
+
+    from comlrl_lightning.cli import main
+
+    root = Path(__file__).resolve().parents[2]
+    with pytest.raises(SystemExit) as exc:
+        main(["fit", "--config", str(root / "configs" / config), "--print_config",
+              "--model.init_args.args.generation_backend=vllm",
+              "--model.init_args.args.vllm_kwargs={kv_cache_memory_bytes: 67108864}"])
+    assert exc.value.code == 0
+    printed = capsys.readouterr().out
+    assert "generation_backend: vllm" in printed and "kv_cache_memory_bytes: 67108864" in printed
