@@ -105,6 +105,7 @@ class _Server:
         self.llm: Any = None
         self.loras: dict[int, Any] = {}  # agent -> current LoRARequest
         self.closing = False
+        self.workers: list[Any] = []  # psutil processes under the engine core (they outlive a killed core)
 
     def watch(self) -> None:
         """A daemon thread that wakes a call blocked on a dead engine: vLLM's synchronous client marks the engine
@@ -116,6 +117,13 @@ class _Server:
         queue = getattr(client, "outputs_queue", None)
         if not processes or queue is None:
             return
+        import psutil
+
+        for proc in processes:
+            try:
+                self.workers += psutil.Process(proc.pid).children(recursive=True)
+            except psutil.Error:
+                pass
 
         def run() -> None:
             from multiprocessing.connection import wait
@@ -268,6 +276,7 @@ class VLLMEngine:
             if llm is None:
                 continue
             _shutdown(llm)
+            _stop(server.workers)
             del llm
         gc.collect()
         if died:  # a killed engine core could not free its shared-memory queues
@@ -431,6 +440,25 @@ def _shutdown(llm: Any, timeout: float = 60.0) -> None:
         if proc.is_alive():
             proc.kill()
             proc.join(10)
+
+
+def _stop(processes: Sequence[Any], timeout: float = 10.0) -> None:
+    """Terminate, then kill, the psutil processes still running (workers orphaned by a killed engine core)."""
+    import psutil
+
+    alive = [p for p in processes if p.is_running()]
+    for p in alive:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=timeout)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=timeout)
 
 
 def _shm_names() -> set[str]:
