@@ -105,6 +105,7 @@ class _Server:
         self.llm: Any = None
         self.loras: dict[int, Any] = {}  # agent -> current LoRARequest
         self.closing = False
+        self.died = False
         self.workers: list[Any] = []  # psutil processes under the engine core (they outlive a killed core)
 
     def watch(self) -> None:
@@ -132,14 +133,15 @@ class _Server:
 
             wait([p.sentinel for p in processes])
             if not self.closing:
+                self.died = True
                 queue.put_nowait(EngineDeadError())
 
         threading.Thread(target=run, daemon=True, name=f"comlrl-vllm-watch-{self.label}").start()
 
     def dead(self) -> bool:
-        """True once vLLM has marked the engine dead (its core process exited)."""
+        """True once the engine core process exited unasked (seen by :meth:`watch` or by vLLM's own monitor)."""
         client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
-        return bool(getattr(getattr(client, "resources", None), "engine_dead", False))
+        return self.died or bool(getattr(getattr(client, "resources", None), "engine_dead", False))
 
 
 class VLLMEngine:
@@ -466,9 +468,10 @@ def _shm_names() -> set[str]:
 
 
 def _unlink_orphan_shm(before: set[str]) -> list[str]:
-    """Remove the ``/dev/shm/psm_*`` segments created since ``before`` that no live process maps any more (what a
-    killed vLLM process leaves behind); returns their names."""
-    candidates = {n for n in _shm_names() - before if n.startswith("psm_")}
+    """Remove the ``/dev/shm`` shared-memory segments and semaphores of Python's multiprocessing (``psm_*``,
+    ``sem.mp-*``) created since ``before`` that no live process maps any more (what a killed vLLM process leaves
+    behind); returns their names."""
+    candidates = {n for n in _shm_names() - before if n.startswith(("psm_", "sem.mp-"))}
     if not candidates:
         return []
     for maps in Path("/proc").glob("[0-9]*/maps"):
