@@ -261,6 +261,9 @@ class VLLMEngine:
             check_head_size(config, f"The model of the vLLM engine for {server.label} ({server.folder})")
         from vllm import LLM
 
+        # vLLM's engine core kills a worker that has not exited 5 s after shutdown, and a killed worker leaves its
+        # shared memory behind; on a loaded 2-core machine workers took longer (read when the core starts).
+        os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "30")
         try:
             server.llm = LLM(model=server.folder, **self._llm_kwargs(server))
         except Exception as exc:
@@ -271,7 +274,6 @@ class VLLMEngine:
     def close(self) -> None:
         """Shut every engine down (processes and shared memory) and remove the work folder."""
         servers, self.servers, self.server_of = self.servers, [], {}
-        died = any(s.llm is not None and s.dead() for s in servers)
         for server in servers:
             server.closing = True
             llm, server.llm = server.llm, None
@@ -281,7 +283,7 @@ class VLLMEngine:
             _stop(server.workers)
             del llm
         gc.collect()
-        if died:  # a killed engine core could not free its shared-memory queues
+        if servers:  # what a killed engine process (core or worker) could not free
             _unlink_orphan_shm(self._shm_before)
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
