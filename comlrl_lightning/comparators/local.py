@@ -30,7 +30,8 @@ from comlrl_lightning.comparators.api import APIComparator, APIComparatorClient
 from comlrl_lightning.devices import device_of
 from comlrl_lightning.devices import resolve_devices as _resolve_devices
 from comlrl_lightning.distributed import rank_seed
-from comlrl_lightning.generation import Samples, SamplingStream, sample_completions
+from comlrl_lightning.engines import engine_of
+from comlrl_lightning.generation import Samples, SamplingStream
 from comlrl_lightning.preferences import sample_team
 
 __all__ = [
@@ -128,10 +129,8 @@ class LocalComparator:
         """Samples of one comparator slot only (used by centralized comparator generation)."""
         if self.streams is None:
             raise RuntimeError(f"{type(self).__name__}.setup(trainer, pl_module) must run before sampling.")
-        team = self.team()
-        with team.activate(agent_index) as model:
-            return sample_completions(model, team.tokenizers[agent_index], list(prompts), num_candidates,
-                                      self.pl_module.sampling_settings(), self.streams[agent_index])
+        return engine_of(self.team()).sample(agent_index, list(prompts), num_candidates,
+                                             self.pl_module.sampling_settings(), self.streams[agent_index])
 
     def state_dict(self) -> dict:
         return {"policy": self.policy, "streams": [_stream_state(s) for s in self.streams or []]}

@@ -41,8 +41,9 @@ from torch import nn
 from comlrl_lightning.config import IACConfig, MAACConfig
 from comlrl_lightning.devices import device_of, resolve_devices
 from comlrl_lightning.distributed import rank_seed, world
+from comlrl_lightning.engines import engine_of
 from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
-from comlrl_lightning.generation import SamplingStream, sample_completions
+from comlrl_lightning.generation import SamplingStream
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss, td_advantages, value_loss
@@ -259,8 +260,7 @@ class ActorCriticModule(TeamModuleBase):
         tok0 = self.team.tokenizers[0]
 
         def sample(j: int, t: int, prompts: list[str]):
-            with self.team.activate(j) as model:
-                out = sample_completions(model, self.team.tokenizers[j], prompts, k, settings, self.streams[j])
+            out = engine_of(self.team).sample(j, prompts, k, settings, self.streams[j])
             return list(zip(out.prompt_ids, out.completion_ids, out.texts))
 
         def transition(e: int, previous: list[str], p_hist: list, r_hist: list, t: int) -> list[str]:
