@@ -11,7 +11,8 @@ Models (random weights, the embedded tokenizer, float32, built in a temporary fo
   30m   Qwen2, 10 layers, hidden 512, 8 heads / 4 KV heads (head size 64), intermediate 1536, tied embeddings:
         31.8 M parameters.
 
-Team: 2 LoRA agents (r = 8) on one base, as ``lora={"r": 8}`` builds them. Workload per repetition (one tree
+Team: 2 LoRA agents (r = 8) on one base, as ``lora={"r": 8}`` builds them (``--layout full``: one full-model
+agent instead). Workload per repetition (one tree
 level of a MAGRPO batch, or a MADPO collection chunk): ``--prompts`` task prompts per agent, ``--candidates``
 samples each, ``--tokens`` new tokens (``min_new_tokens`` forces the full length so both engines generate the
 same number of tokens). ``HFEngine.sample_many`` (one ``generate`` per agent) and ``VLLMEngine.sample_many`` (one
@@ -72,7 +73,11 @@ def bench_generation(model_dir: str, args: argparse.Namespace) -> dict:
     from comlrl_lightning.engines.vllm import VLLMEngine
     from comlrl_lightning.generation import SamplingSettings, SamplingStream
 
-    team = build_agents(model_dir, num_agents=2, lora={"r": 8, "lora_alpha": 16, "init_lora_weights": False})
+    if args.layout == "lora":
+        team = build_agents(model_dir, num_agents=2, lora={"r": 8, "lora_alpha": 16, "init_lora_weights": False})
+    else:  # one full-model agent: one engine
+        team = build_agents(model_dir, num_agents=1)
+    agents = range(team.num_agents)
     topics = ["rivers", "bread", "trains", "music", "maps", "clouds", "glass", "birds", "salt", "paper"]
     prompts = [f"Topic: {topics[i % len(topics)]} {i}." for i in range(args.prompts)]
     settings = SamplingSettings(max_new_tokens=args.tokens, temperature=1.0, top_p=1.0, top_k=None,
@@ -86,7 +91,7 @@ def bench_generation(model_dir: str, args: argparse.Namespace) -> dict:
     try:
         for rep in range(args.reps + 1):
             for name, engine in engines.items():
-                requests = [SampleRequest(a, prompts, args.candidates, SamplingStream(1000 * rep + a)) for a in (0, 1)]
+                requests = [SampleRequest(a, prompts, args.candidates, SamplingStream(1000 * rep + a)) for a in agents]
                 t = time.perf_counter()
                 out = engine.sample_many(requests, settings)
                 dt = time.perf_counter() - t
@@ -144,6 +149,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads for HF (default 1)")
     parser.add_argument("--quick", action="store_true", help="3 repetitions, 16 prompts")
     parser.add_argument("--fit", action="store_true", help="also time a 2-turn MAGRPO fit per backend")
+    parser.add_argument("--layout", choices=("lora", "full"), default="lora",
+                        help="2 LoRA agents on one base (default) or 1 full-model agent")
     args = parser.parse_args()
     if args.quick:
         args.reps, args.prompts = 3, 16
@@ -155,7 +162,8 @@ def main() -> None:
         for name in args.models.split(","):
             model_dir = build_model(name, Path(tmp))
             r = bench_generation(model_dir, args)
-            print(f"[{name}] 2 LoRA agents x {args.prompts} prompts x {args.candidates} samples x {args.tokens} "
+            team = "2 LoRA agents" if args.layout == "lora" else "1 full-model agent"
+            print(f"[{name}] {team} x {args.prompts} prompts x {args.candidates} samples x {args.tokens} "
                   f"tokens; vLLM engine start {r['start_s']:.1f} s (not timed below)")
             for backend in ("hf", "vllm"):
                 med, rate, n = r[backend]
