@@ -14,9 +14,10 @@ from comlrl_lightning.callbacks.history_checkpoint import HistoryCheckpoint
 from comlrl_lightning.callbacks.iterative_collection import IterativePreferenceCollection, ScoredPreferenceCollection
 from comlrl_lightning.callbacks.learned_reward import IterativeRewardModelFit, LearnedRewardFit
 from comlrl_lightning.callbacks.preference_collection import PreferenceCollection
+from comlrl_lightning.callbacks.progress import TeamProgressBar
 from comlrl_lightning.callbacks.replay_selection import ReplaySelection
 from comlrl_lightning.callbacks.reward_distribution import RewardDistributionLogger
 
 __all__ = ["ComparatorRefresh", "ExportAgents", "HistoryCheckpoint", "IterativePreferenceCollection",
            "IterativeRewardModelFit", "LearnedRewardFit", "PreferenceCollection", "ReplaySelection",
-           "RewardDistributionLogger", "ScoredPreferenceCollection", "TaskRewardEvaluation"]
+           "RewardDistributionLogger", "ScoredPreferenceCollection", "TaskRewardEvaluation", "TeamProgressBar"]

@@ -196,12 +196,14 @@ class AgentTeam:
 
     ``models[i]`` is agent i's model (objects may repeat), ``tokenizers[i]`` its tokenizer and
     ``adapters[i]`` the name of its peft adapter (None without LoRA). ``names[i]`` is the source name.
+    ``engine`` samples the agents (docs/engines.md); None means the HF reference engine, made on first use.
     """
 
     models: list[nn.Module]
     tokenizers: list[Any]
     adapters: list[str | None] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
+    engine: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.models)

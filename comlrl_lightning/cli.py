@@ -120,6 +120,14 @@ def _make_cli_class(want_help: bool = False):
             return super().error(message, ex)
 
     class ComlrlCLI(LightningCLI):
+        def _instantiate_trainer(self, config: dict, callbacks: list) -> L.Trainer:
+            from comlrl_lightning.callbacks.progress import with_progress_bar
+
+            given = config.get("callbacks") or []
+            given = [*(given if isinstance(given, list) else [given]), *callbacks]
+            added = with_progress_bar(given, config.get("enable_progress_bar", True))[len(given):]
+            return super()._instantiate_trainer(config, [*callbacks, *added])
+
         def before_fit(self) -> None:
             args = getattr(self.model, "args", None)
             loop = self.trainer.fit_loop

@@ -84,6 +84,27 @@ def truncate_prompt_ids(ids: Sequence[int], limit: int | None, what: str = "prom
     return out
 
 
+def encode_prompts(model: Any, tokenizer: Any, prompts: Sequence[str],
+                   max_new_tokens: int) -> tuple[list[list[int]], bool]:
+    """The prompt ids every engine samples from, and whether any was cut: ``tokenizer(p, add_special_tokens=True)``
+    per prompt, cut to the model's context minus ``max_new_tokens`` (:func:`context_limit`,
+    :func:`truncate_prompt_ids`, with a warning). An empty prompt is a ``ValueError``."""
+    prompt_ids = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
+    for i, ids in enumerate(prompt_ids):
+        if not ids:
+            raise ValueError(f"Prompt {i} tokenizes to nothing: {prompts[i]!r}. Prompts must be non-empty.")
+    context = context_limit(model, tokenizer)
+    budget = None if context is None else max(1, context - max_new_tokens)
+    cut = [truncate_prompt_ids(ids, budget, f"Prompt {i}", tokenizer.bos_token_id) for i, ids in enumerate(prompt_ids)]
+    return cut, any(len(a) != len(b) for a, b in zip(cut, prompt_ids))
+
+
+def cut_at_pad(row: Sequence[int], pad_id: int | None) -> list[int]:
+    """Generated ids up to (excluding) the first pad token; with pad != eos the EOS token stays in."""
+    row = list(row)
+    return row[:row.index(pad_id)] if pad_id in row else row
+
+
 def _device_of(model: torch.nn.Module) -> torch.device:
     try:
         return next(model.parameters()).device
@@ -114,16 +135,7 @@ def sample_completions(
     pad_id = tokenizer.pad_token_id
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else pad_id
     device = _device_of(model)
-    prompt_ids = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
-    for i, ids in enumerate(prompt_ids):
-        if not ids:
-            raise ValueError(f"Prompt {i} tokenizes to nothing: {prompts[i]!r}. Prompts must be non-empty.")
-    context = context_limit(model, tokenizer)
-    budget = None if context is None else max(1, context - settings.max_new_tokens)
-    full = [len(ids) for ids in prompt_ids]
-    prompt_ids = [truncate_prompt_ids(ids, budget, f"Prompt {i}", tokenizer.bos_token_id)
-                  for i, ids in enumerate(prompt_ids)]
-    truncated = any(len(ids) != n for ids, n in zip(prompt_ids, full))
+    prompt_ids, truncated = encode_prompts(model, tokenizer, prompts, settings.max_new_tokens)
     completion_ids: list[list[list[int]]] = []
     texts: list[list[str]] = []
     per_chunk = max(1, max_batch_rows // num_candidates)
@@ -162,9 +174,7 @@ def sample_completions(
             for p in range(len(chunk)):
                 rows, row_texts = [], []
                 for c in range(num_candidates):
-                    row = gen[p * num_candidates + c]
-                    end = row.index(pad_id) if pad_id in row else len(row)
-                    ids = row[:end]
+                    ids = cut_at_pad(gen[p * num_candidates + c], pad_id)
                     rows.append(ids)
                     row_texts.append(tokenizer.decode(ids, skip_special_tokens=True))
                 completion_ids.append(rows)

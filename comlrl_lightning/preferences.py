@@ -235,16 +235,14 @@ def build_offline_pairs(
 
 
 def sample_team(team: Any, prompts: Sequence[Sequence[str]], num_candidates: int, settings: Any,
-                streams: Sequence[Any], max_batch_rows: int = 256) -> list[Any]:
-    """Sample ``num_candidates`` completions per agent per prompt: one batched pass per agent."""
-    from comlrl_lightning.generation import sample_completions
+                streams: Sequence[Any]) -> list[Any]:
+    """Sample ``num_candidates`` completions per agent per prompt through the team's engine
+    (:func:`~comlrl_lightning.engines.engine_of`): one request per agent, served together where the engine can."""
+    from comlrl_lightning.engines import SampleRequest, engine_of
 
-    out = []
-    for a in range(team.num_agents):
-        with team.activate(a) as model:
-            out.append(sample_completions(model, team.tokenizers[a], prompts[a], num_candidates, settings,
-                                          streams[a], max_batch_rows=max_batch_rows))
-    return out
+    engine = engine_of(team)
+    requests = [SampleRequest(a, prompts[a], num_candidates, streams[a]) for a in range(team.num_agents)]
+    return engine.sample_many(requests, settings)
 
 
 def collect_offline_pairs(

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from comlrl_lightning.devices import device_of, resolve_devices
 from comlrl_lightning.logprobs import token_logps as _token_logps
 from comlrl_lightning.losses import k3_kl
 
@@ -33,25 +34,11 @@ def resolve_reference_devices(spec: Any, fallback: Sequence[torch.device | str |
     """Per-agent reference devices: ``spec`` None → ``fallback`` (None entries mean "the agent's device");
     a string → that device for all; a list of length 1 → broadcast; of length ``expected`` → one each.
     ``"auto"`` means the fallback too. Builds ``torch.device`` objects only (no GPU needed)."""
-    if spec is None or (isinstance(spec, str) and spec.strip().lower() == "auto"):
-        return [torch.device(d) if d is not None else None for d in fallback]
-    if isinstance(spec, (str, torch.device)):
-        return [torch.device(spec)] * expected
-    items = list(spec)
-    if not items:
+    if isinstance(spec, (list, tuple)) and not spec:
         raise ValueError("reference_devices must be a non-empty list or 'auto'. Got [].")
-    if len(items) == 1:
-        return [torch.device(items[0])] * expected
-    if len(items) != expected:
-        raise ValueError(f"reference_devices length ({len(items)}) must be 1 or N (N={expected}). Got {items!r}.")
-    return [torch.device(d) for d in items]
+    devices = resolve_devices(spec, expected, "reference_devices")
+    return devices if devices is not None else [torch.device(d) if d is not None else None for d in fallback]
 
-
-def _device_of(model: nn.Module) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
 
 
 def freeze(model: nn.Module) -> nn.Module:
@@ -95,7 +82,7 @@ class ReferencePolicies:
     def _target_device(self, i: int) -> torch.device:
         if self.devices[i] is not None:
             return self.devices[i]
-        return _device_of(self.team.models[i])
+        return device_of(self.team.models[i])
 
     @contextlib.contextmanager
     def _reference_model(self, i: int):
@@ -110,7 +97,7 @@ class ReferencePolicies:
             return
         model = self.models[i]
         device = self._target_device(i)
-        if _device_of(model) != device:
+        if device_of(model) != device:
             model.to(device)
         yield model
 
@@ -124,7 +111,7 @@ class ReferencePolicies:
         """
         out_device = batch["input_ids"].device
         with self._reference_model(agent_index) as model:
-            device = _device_of(model)
+            device = device_of(model)
             ids = batch["input_ids"].to(device)
             mask = batch["attention_mask"].to(device)
             logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits

@@ -27,8 +27,11 @@ import torch
 
 from comlrl_lightning.agents import AgentTeam, build_agents, load_tokenizer
 from comlrl_lightning.comparators.api import APIComparator, APIComparatorClient
+from comlrl_lightning.devices import device_of
+from comlrl_lightning.devices import resolve_devices as _resolve_devices
 from comlrl_lightning.distributed import rank_seed
-from comlrl_lightning.generation import Samples, SamplingStream, sample_completions
+from comlrl_lightning.engines import engine_of
+from comlrl_lightning.generation import Samples, SamplingStream
 from comlrl_lightning.preferences import sample_team
 
 __all__ = [
@@ -65,25 +68,9 @@ def _set_stream_state(stream: SamplingStream, state: Sequence[int]) -> None:
     stream.generator.set_state(torch.tensor(list(state), dtype=torch.uint8))
 
 
-def _device_of(model: torch.nn.Module) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
-
-
 def resolve_devices(spec: Any, num_agents: int, default: Sequence[torch.device]) -> list[torch.device]:
     """``comparator_devices``: None (= ``default``, the agents' devices), one device, or one per agent."""
-    if spec is None:
-        return list(default)
-    if isinstance(spec, (str, torch.device)):
-        return [torch.device(spec)] * num_agents
-    spec = list(spec)
-    if len(spec) == 1:
-        return [torch.device(spec[0])] * num_agents
-    if len(spec) != num_agents:
-        raise ValueError(f"comparator_devices must be one device or one per agent ({num_agents}); got {spec!r}.")
-    return [torch.device(d) for d in spec]
+    return _resolve_devices(spec, num_agents, "comparator_devices") or list(default)
 
 
 def _freeze(team: AgentTeam, devices: Sequence[torch.device]) -> AgentTeam:
@@ -142,10 +129,8 @@ class LocalComparator:
         """Samples of one comparator slot only (used by centralized comparator generation)."""
         if self.streams is None:
             raise RuntimeError(f"{type(self).__name__}.setup(trainer, pl_module) must run before sampling.")
-        team = self.team()
-        with team.activate(agent_index) as model:
-            return sample_completions(model, team.tokenizers[agent_index], list(prompts), num_candidates,
-                                      self.pl_module.sampling_settings(), self.streams[agent_index])
+        return engine_of(self.team()).sample(agent_index, list(prompts), num_candidates,
+                                             self.pl_module.sampling_settings(), self.streams[agent_index])
 
     def state_dict(self) -> dict:
         return {"policy": self.policy, "streams": [_stream_state(s) for s in self.streams or []]}
@@ -186,7 +171,7 @@ class CurrentCopyComparator(LocalComparator):
 
     def prepare(self, round_index: int) -> None:
         live = self.pl_module.team
-        agent_devices = [_device_of(m) for m in live.models]
+        agent_devices = [device_of(m) for m in live.models]
         devices = resolve_devices(self.devices, live.num_agents, agent_devices)
         self.release()
         if devices == agent_devices and not self.always_copy:
@@ -240,7 +225,7 @@ class ModelComparator(LocalComparator):
         tok = self.tokenizer
         if tok is None and not all(isinstance(s, str) for s in sources):
             tok = list(live.tokenizers)
-        devices = resolve_devices(self.devices, n, [_device_of(m) for m in live.models])
+        devices = resolve_devices(self.devices, n, [device_of(m) for m in live.models])
         unique = list(dict.fromkeys(sources)) if all(isinstance(s, str) for s in sources) else sources
         if tok is None and len(unique) < n and len(set(map(str, devices))) == 1:
             # a frozen comparator: one loaded copy per distinct source serves every slot that names it (e.g. the
@@ -336,7 +321,7 @@ class HistoryComparator(LocalComparator):
         if self.loaded is not None and target == self.loaded_from:
             return
         team = load_snapshot(target, n, self.model_config)
-        devices = resolve_devices(self.devices, n, [_device_of(m) for m in self.pl_module.team.models])
+        devices = resolve_devices(self.devices, n, [device_of(m) for m in self.pl_module.team.models])
         self.loaded, self.loaded_from = _freeze(team, devices), target
 
     def release(self) -> None:

@@ -14,8 +14,8 @@ class DeviceOptions:
     """Where the agents live."""
 
     parallel_training: str = "none"
-    """"none" or "mp" ("null" = "none"; case-insensitive). "mp" is accepted for compatibility: placement follows
-    the Lightning accelerator."""
+    """"none" or "mp" ("null" = "none"; case-insensitive). "mp": agent i lives on ``agent_devices[i]`` (critics on
+    ``critic_devices``), in one process; "none": every agent on the Lightning accelerator's device."""
     agent_devices: Any = None
     """Device spec of the agents: None (the Lightning accelerator), a string, or a list of length 1 or N;
     required with parallel_training="mp"."""
@@ -38,11 +38,27 @@ def normalize_parallel_training(cfg: Any) -> None:
         raise _bad("parallel_training='mp' requires explicit agent_devices.", cfg.agent_devices,
                    "a device string or a list of length 1 or num_agents")
     cfg.parallel_training = pt
+    if pt == "mp":
+        check_devices_exist(cfg, "agent_devices")
+
+
+def check_devices_exist(cfg: Any, name: str) -> None:
+    """Every device named by option ``name`` exists on this machine (checked at construction, so a typo such
+    as ``cuda:3`` on a 2-GPU machine fails before any model is loaded)."""
+    from comlrl_lightning.devices import available_devices, missing_device
+
+    spec = getattr(cfg, name)
+    bad = missing_device(spec)
+    if bad is not None:
+        raise _bad(f"{name} names {bad!r}, a device this machine does not have.", spec,
+                   "devices of this machine: " + ", ".join(available_devices()))
 
 
 def check_device_list(cfg: Any, name: str, expected: int) -> None:
     """A device list in option ``name`` must be non-empty and, in "mp" mode, have 1 or ``expected`` entries (with
     "none" the first entry is used, as upstream's resolve_single_device does)."""
+    if cfg.parallel_training == "mp":
+        check_devices_exist(cfg, name)
     count = device_count(getattr(cfg, name))
     if count is None or (cfg.parallel_training != "mp" and count):
         return

@@ -33,3 +33,7 @@ def check_reference_devices(cfg: Any) -> None:
     if cfg.reference_kl_enabled and count is not None and count not in (1, cfg.num_agents):
         raise _bad(f"reference_devices length ({count}) must be 1 or N.", cfg.reference_devices,
                    f"a device string, or a list of 1 or num_agents={cfg.num_agents} entries")
+    if cfg.reference_kl_enabled:
+        from comlrl_lightning.config.devices import check_devices_exist
+
+        check_devices_exist(cfg, "reference_devices")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from comlrl_lightning.config.checks import _bad, _normalize_choice, is_int, is_number
+
+GENERATION_BACKENDS = ("hf", "vllm")
 
 JOINT_MODE_ALIASES = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
 
@@ -22,6 +24,12 @@ class SamplingOptions:
     """Nucleus sampling threshold."""
     top_k: int | None = 50
     """Top-k sampling; None leaves it out of ``generate``."""
+    generation_backend: str = "hf"
+    """Engine that samples every completion (docs/engines.md): "hf" (transformers ``generate``, the reference) or
+    "vllm" (vLLM: LoRA agents as adapters of one engine; needs the ``[vllm]`` extra)."""
+    vllm_kwargs: dict = field(default_factory=dict)
+    """Extra keyword arguments of ``vllm.LLM`` (e.g. ``kv_cache_memory_bytes``, ``max_model_len``,
+    ``gpu_memory_utilization``, ``dtype``); only read with ``generation_backend="vllm"``."""
 
 
 @dataclass
@@ -42,7 +50,8 @@ class JointModeOptions:
 
 
 def check_sampling(cfg: Any) -> None:
-    """Generation settings: max_new_tokens >= 1, temperature > 0, top_p in (0, 1], top_k >= 1 or None."""
+    """Generation settings: max_new_tokens >= 1, temperature > 0, top_p in (0, 1], top_k >= 1 or None,
+    generation_backend in :data:`GENERATION_BACKENDS` (stored lowercase), vllm_kwargs a dict."""
     if not is_int(cfg.max_new_tokens) or cfg.max_new_tokens < 1:
         raise _bad("max_new_tokens must be >= 1.", cfg.max_new_tokens, "integers >= 1")
     if not is_number(cfg.temperature) or not cfg.temperature > 0:
@@ -51,6 +60,13 @@ def check_sampling(cfg: Any) -> None:
         raise _bad("top_p must be in (0, 1].", cfg.top_p, "numbers in (0, 1]")
     if cfg.top_k is not None and (not is_int(cfg.top_k) or cfg.top_k < 1):
         raise _bad("top_k must be >= 1 or null.", cfg.top_k, "integers >= 1 or null")
+    backend = cfg.generation_backend
+    if not isinstance(backend, str) or backend.strip().lower() not in GENERATION_BACKENDS:
+        raise _bad("generation_backend must be one of: hf, vllm.", backend, ", ".join(GENERATION_BACKENDS))
+    cfg.generation_backend = backend.strip().lower()
+    if not isinstance(cfg.vllm_kwargs, dict) or not all(isinstance(k, str) for k in cfg.vllm_kwargs):
+        raise _bad("vllm_kwargs must be a mapping of vllm.LLM keyword arguments.", cfg.vllm_kwargs,
+                   "a dict with string keys, e.g. {kv_cache_memory_bytes: 67108864}")
 
 
 def check_num_generations(cfg: Any, minimum: int, message: str | None = None) -> None:

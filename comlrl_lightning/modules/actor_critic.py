@@ -39,9 +39,11 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from comlrl_lightning.config import IACConfig, MAACConfig
+from comlrl_lightning.devices import device_of, resolve_devices
 from comlrl_lightning.distributed import rank_seed, world
+from comlrl_lightning.engines import engine_of
 from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
-from comlrl_lightning.generation import SamplingStream, sample_completions
+from comlrl_lightning.generation import SamplingStream
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss, td_advantages, value_loss
@@ -156,6 +158,19 @@ class ActorCriticModule(TeamModuleBase):
     def trainable_modules(self) -> list[nn.Module]:
         return [*super().trainable_modules(), *self.critics, *self.value_heads]
 
+    def member_placement(self) -> list[tuple[nn.Module, torch.device]]:
+        """The agents (base class), each attached value head with its agent, the critics on
+        ``critic_devices`` (MAAC: its one critic)."""
+        placement = super().member_placement()
+        if not placement:
+            return placement
+        agent_devices = [device for _, device in placement]
+        placement += list(zip(self.value_heads, agent_devices))
+        if len(self.critics):
+            spec = self.args.critic_devices if self.args.critic_devices is not None else self.args.agent_devices
+            placement += list(zip(self.critics, resolve_devices(spec, len(self.critics), "critic_devices")))
+        return placement
+
     def agent_parameters(self, i: int) -> list[nn.Parameter]:
         heads = list(self.value_heads[i].parameters()) if self.value_heads else []
         return super().agent_parameters(i) + heads
@@ -178,7 +193,8 @@ class ActorCriticModule(TeamModuleBase):
         batch = build_scoring_batch(prompts, comps, pad, drop_last=False)
         q = self.args.critic_type == "q"
         pos = torch.tensor([len(p) - 1 + (len(c) if q else 0) for p, c in zip(prompts, comps)])
-        return {k: v.to(self.device) for k, v in batch.items()}, pos.to(self.device)
+        device = self.agent_device(i)
+        return {k: v.to(device) for k, v in batch.items()}, pos.to(device)
 
     def _actor_forward(self, i: int, batch: dict, with_values: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token log-probs ``[R, L]`` of agent i (and its attached head's values ``[R, L]``)."""
@@ -192,15 +208,18 @@ class ActorCriticModule(TeamModuleBase):
         """Critic values of agent i's samples (gradients follow the caller's grad mode), ``[R]``."""
         if self.is_maac:
             ids, mask = right_pad([s.critic_ids for s in samples], self.team.tokenizers[0].pad_token_id)
-            pos = torch.tensor([len(s.critic_ids) - 1 for s in samples], device=self.device)
-            values = self.critics[0](ids.to(self.device), mask.to(self.device))
+            device = device_of(self.critics[0], self.device)
+            pos = torch.tensor([len(s.critic_ids) - 1 for s in samples], device=device)
+            values = self.critics[0](ids.to(device), mask.to(device))
         else:
             batch, pos = self._sequence_batch(i, samples)
             if self.value_heads:
                 values = self._actor_forward(i, batch, with_values=True)[1]
             else:
-                values = self.critics[i](batch["input_ids"], batch["attention_mask"])
-        return values.gather(1, pos.unsqueeze(1)).squeeze(1)
+                device = device_of(self.critics[i], self.device)
+                pos = pos.to(device)
+                values = self.critics[i](batch["input_ids"].to(device), batch["attention_mask"].to(device))
+        return values.gather(1, pos.unsqueeze(1)).squeeze(1).to(self.device)
 
     @torch.no_grad()
     def _turn_values(self, turn_samples: list[list[EpisodeSample]]) -> list[list[float]]:
@@ -241,8 +260,7 @@ class ActorCriticModule(TeamModuleBase):
         tok0 = self.team.tokenizers[0]
 
         def sample(j: int, t: int, prompts: list[str]):
-            with self.team.activate(j) as model:
-                out = sample_completions(model, self.team.tokenizers[j], prompts, k, settings, self.streams[j])
+            out = engine_of(self.team).sample(j, prompts, k, settings, self.streams[j])
             return list(zip(out.prompt_ids, out.completion_ids, out.texts))
 
         def transition(e: int, previous: list[str], p_hist: list, r_hist: list, t: int) -> list[str]:
@@ -378,13 +396,13 @@ class ActorCriticModule(TeamModuleBase):
             batch, pos = self._sequence_batch(i, mb)
             actor_opt.zero_grad(set_to_none=True)
             logps, head_values = self._actor_forward(i, batch, with_values=bool(self.value_heads))
-            actor_loss = policy_gradient_loss(logps, batch["score_mask"], adv_mb)
+            actor_loss = policy_gradient_loss(logps, batch["score_mask"], adv_mb.to(logps.device))
             self._check_finite(i, "actor loss", actor_loss)
             if self.value_heads:  # IAC attached head: one step on actor + critic loss, with value clipping
-                values = head_values.gather(1, pos.unsqueeze(1)).squeeze(1)
+                values = head_values.gather(1, pos.unsqueeze(1)).squeeze(1).to(self.device)
                 vloss = value_loss(values, y, v_old, a.value_clip_range, a.value_loss_coef).mean()
                 self._check_finite(i, "value loss", vloss)
-                self.manual_backward(actor_loss + vloss)
+                self.manual_backward(actor_loss.to(self.device) + vloss)
                 actor_opt.step()
                 self.step_scheduler(i)
             else:

@@ -10,6 +10,9 @@
 * progress counters ``env_step`` and ``updates_seen``, saved in the checkpoint under ``comlrl_progress``
   (plain types: checkpoints are loaded ``weights_only``); subclasses extend :meth:`progress_state`;
 * agent export (:meth:`save_agents`): ``output_dir/agent_{i}/`` per agent;
+* the generation engine of ``args.generation_backend`` (``team.engine``, docs/engines.md): told after every agent
+  optimizer step that the agent's weights changed (the engine applies it before its next generation) and after a
+  checkpoint restore; a non-HF engine is closed at the end of fit/validate/test, on exceptions and on Ctrl-C;
 * ``validate`` / ``test`` (``comlrl-lightning validate --config X``): the data module's ``eval_items`` (its
   ``val_dataloader``; the first ``args.eval_num_samples``), scored with the task reward through :meth:`evaluate`,
   logged as ``val/...`` / ``test/...`` (e.g. ``val/reward_mean``); ``predict`` is refused with a message;
@@ -35,7 +38,9 @@ from torch import nn
 from comlrl_lightning.agents import AgentTeam, build_agents
 from comlrl_lightning.config.secrets import redact_secrets
 from comlrl_lightning.data.tasks import PREDICT_REFUSED
+from comlrl_lightning.devices import common_device, resolve_devices
 from comlrl_lightning.distributed import gather_objects, per_rank_entry, world
+from comlrl_lightning.engines import build_engine
 from comlrl_lightning.evaluation import evaluate_team
 from comlrl_lightning.files import state_digest
 from comlrl_lightning.generation import SamplingSettings
@@ -126,6 +131,9 @@ class TeamModuleBase(L.LightningModule):
         if n != self.args.num_agents:
             raise ValueError(f"args.num_agents={self.args.num_agents} but {n} agents were given. Set num_agents={n}.")
         self.models = nn.ModuleList(self.team.unique_models())
+        backend = getattr(self.args, "generation_backend", "hf")
+        if backend != "hf":  # the HF engine is made on first use (engines.engine_of)
+            self.team.engine = build_engine(self.team, backend, getattr(self.args, "vllm_kwargs", None))
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
         self.env_step = 0
@@ -192,6 +200,67 @@ class TeamModuleBase(L.LightningModule):
     def on_fit_start(self) -> None:
         for m in self.trainable_modules():
             m.train()
+
+    # --- devices (parallel_training="mp"; docs/architecture.md, "Devices") -----------------------------------
+    def to(self, *args: Any, **kwargs: Any) -> TeamModuleBase:
+        """``nn.Module.to``, after which each member goes back to its own device under
+        ``parallel_training="mp"`` (Lightning moves the whole module to its root device at setup)."""
+        out = super().to(*args, **kwargs)
+        self.place_members()
+        return out
+
+    def member_placement(self) -> list[tuple[nn.Module, torch.device]]:
+        """(module, device) pairs of :meth:`place_members`: agent i's model on ``agent_devices[i]``; subclasses
+        add critics and value heads. Empty unless ``parallel_training="mp"``."""
+        a = getattr(self, "args", None)
+        if getattr(a, "parallel_training", "none") != "mp" or "team" not in vars(self):
+            return []
+        devices = resolve_devices(a.agent_devices, self.team.num_agents, "agent_devices")
+        if self.team.uses_lora and common_device(devices) is None:
+            raise ValueError(f"agent_devices={a.agent_devices!r} puts LoRA agents on different devices, but they are "
+                             "adapters of one shared base model, which lives on one device. Give one device "
+                             "(agent_devices='cuda:0'), or load full-model agents (no lora) to spread them.")
+        return list(zip(self.team.models, devices))
+
+    def place_members(self) -> None:
+        """Move each member to its device (:meth:`member_placement`). ``parallel_training="mp"`` places members
+        inside one process; it cannot be combined with a strategy that runs several processes."""
+        placement = self.member_placement()
+        if not placement:
+            return
+        processes = self._trainer.world_size if self._trainer is not None else 1
+        if processes > 1:
+            raise ValueError(f"parallel_training='mp' places the agents on agent_devices={self.args.agent_devices!r} "
+                             f"inside one process, but the trainer runs {processes} processes "
+                             f"({type(self.trainer.strategy).__name__}). Use parallel_training='none' with a "
+                             "multi-process strategy (each process then holds the whole team), or devices=1.")
+        for module, device in placement:
+            module.to(device)
+
+    def agent_device(self, i: int) -> torch.device:
+        """The device of agent i's trainable parameters (the module's device when it has none)."""
+        params = self.team.parameters_of(i)
+        return params[0].device if params else self.device
+
+    # --- the generation engine (docs/engines.md) -----------------------------------------------------------
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Agent i's optimizer is about to step: its weights change, so the engine must re-read them before its
+        next generation (optimizers after the agents', e.g. critics, change nothing the engine serves)."""
+        engine = self.team.engine
+        if engine is None or self._trainer is None:
+            return
+        index = next((i for i, opt in enumerate(self.trainer.optimizers) if opt is optimizer), None)
+        if index is None:
+            engine.sync(None)
+        elif index < self.team.num_agents:
+            engine.sync([index])
+
+    def configure_callbacks(self) -> list:
+        """A non-HF engine's shutdown hooks (teardown, exceptions, Ctrl-C); nothing with the HF engine."""
+        engine = self.team.engine
+        if engine is None or getattr(engine, "name", "hf") == "hf":
+            return []
+        return [EngineShutdown(engine)]
 
     # --- optimizers --------------------------------------------------------------------------------------
     def agent_parameters(self, i: int) -> list[nn.Parameter]:
@@ -265,6 +334,8 @@ class TeamModuleBase(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         verify_checkpoint(self, checkpoint)
         self.load_progress_state(checkpoint.get("comlrl_progress", {}))
+        if self.team.engine is not None:  # the restored weights replace the ones the engine holds
+            self.team.engine.sync(None)
         rank, world_size = world(self._trainer) if self._trainer is not None else (0, 1)
         states = checkpoint.get("comlrl_rank_states")
         if states is None and world_size == 1:  # a checkpoint of a single process from before per-rank states
@@ -277,3 +348,17 @@ class TeamModuleBase(L.LightningModule):
     def save_agents(self, output_dir: str) -> list[str]:
         """Write ``output_dir/agent_{i}/`` per agent (model + tokenizer, or the LoRA adapter)."""
         return self.team.save(output_dir)
+
+
+class EngineShutdown(L.Callback):
+    """Closes a generation engine when the run ends, fails or is interrupted (Lightning calls ``on_exception``
+    for KeyboardInterrupt too, before it exits), so no engine process or shared memory outlives the run."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.engine.close()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.engine.close()

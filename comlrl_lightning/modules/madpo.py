@@ -61,10 +61,11 @@ class MADPOModule(TeamModuleBase):
 
     # --- optimization ------------------------------------------------------------------------------------
     def _agent_logps(self, batch: dict, i: int, grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = {k: v.to(self.device) for k, v in batch["agents"][i].items()}
+        rows = {k: v.to(self.agent_device(i)) for k, v in batch["agents"][i].items()}
         with torch.set_grad_enabled(grad), self.team.activate(i) as model:
             logps = sequence_logps(model, rows)
         b = rows["input_ids"].shape[0] // 2
+        logps = logps.to(self.device)  # the agents' devices may differ (parallel_training="mp")
         return logps[:b], logps[b:]
 
     def _check_finite(self, loss: torch.Tensor, batch: dict) -> None:

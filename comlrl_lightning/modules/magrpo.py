@@ -36,8 +36,9 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from comlrl_lightning.config import MAGRPOConfig
 from comlrl_lightning.data.tasks import format_prompts
 from comlrl_lightning.distributed import rank_seed, world
+from comlrl_lightning.engines import SampleRequest, engine_of
 from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
-from comlrl_lightning.generation import Samples, SamplingStream, sample_completions
+from comlrl_lightning.generation import Samples, SamplingStream
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss
@@ -114,21 +115,35 @@ class MAGRPOModule(TeamModuleBase):
     def _sample_level(self, agent: int, prompts: Sequence[tuple[str, str]]) -> list[AgentDraw]:
         """K completions for every (prompt, prompt_used) of a level: one batched ``generate`` per agent."""
         k = self.args.num_generations
-        tok = self.team.tokenizers[agent]
+        engine = engine_of(self.team)
         settings = self.sampling_settings()
         texts = [p for p, _ in prompts]
-        with self.team.activate(agent) as model:
-            if self.per_node_sampling:
-                parts = [sample_completions(model, tok, [p], k, settings, self.streams[agent]) for p in texts]
-                s = Samples([x for p in parts for x in p.prompt_ids], [x for p in parts for x in p.completion_ids],
-                            [x for p in parts for x in p.texts])
-            else:
-                s = sample_completions(model, tok, texts, k, settings, self.streams[agent])
+        if self.per_node_sampling:
+            parts = [engine.sample(agent, [p], k, settings, self.streams[agent]) for p in texts]
+            s = Samples([x for p in parts for x in p.prompt_ids], [x for p in parts for x in p.completion_ids],
+                        [x for p in parts for x in p.texts])
+        else:
+            s = engine.sample(agent, texts, k, settings, self.streams[agent])
         draws = [AgentDraw(p, u, s.prompt_ids[i], s.completion_ids[i], s.texts[i]) for i, (p, u) in enumerate(prompts)]
         if self.reference is not None:
             for d, kls in zip(draws, self._sequence_kls(agent, draws)):
                 d.kls = kls
         return draws
+
+    def _sample_team_level(self, prompts: Sequence[Sequence[tuple[str, str]]]) -> list[list[AgentDraw]]:
+        """:meth:`_sample_level` for every agent at once: one engine call for the whole level (the HF engine
+        samples agent after agent from the same streams, so its draws equal per-agent calls)."""
+        k, settings = self.args.num_generations, self.sampling_settings()
+        requests = [SampleRequest(a, [p for p, _ in level], k, self.streams[a]) for a, level in enumerate(prompts)]
+        out = []
+        for a, (level, s) in enumerate(zip(prompts, engine_of(self.team).sample_many(requests, settings))):
+            draws = [AgentDraw(p, u, s.prompt_ids[i], s.completion_ids[i], s.texts[i])
+                     for i, (p, u) in enumerate(level)]
+            if self.reference is not None:
+                for d, kls in zip(draws, self._sequence_kls(a, draws)):
+                    d.kls = kls
+            out.append(draws)
+        return out
 
     @torch.no_grad()
     def _sequence_kls(self, agent: int, draws: Sequence[AgentDraw], max_rows: int = 256) -> list[list[float]]:
@@ -140,7 +155,7 @@ class MAGRPOModule(TeamModuleBase):
         for start in range(0, len(comps), max_rows):
             batch = completion_batch(prompts[start:start + max_rows], comps[start:start + max_rows],
                                      self.team.tokenizers[agent])
-            batch = {key: v.to(self.device) for key, v in batch.items()}
+            batch = {key: v.to(self.agent_device(agent)) for key, v in batch.items()}
             with self.team.activate(agent) as model:
                 was_training = model.training
                 model.eval()
@@ -192,6 +207,8 @@ class MAGRPOModule(TeamModuleBase):
         trees, self.env_step = build_trees(
             n, a.num_generations, a.num_turns, a.joint_mode, roots,
             sample_level=lambda agent, turn, prompts: self._sample_level(agent, prompts),
+            sample_team_level=(None if self.per_node_sampling
+                               else (lambda turn, prompts: self._sample_team_level(prompts))),
             reward=reward, transition=step if transition is not None else None,
             early_termination_threshold=a.early_termination_threshold, env_step=self.env_step,
         )
@@ -234,12 +251,8 @@ class MAGRPOModule(TeamModuleBase):
         r_hist = [[[] for _ in range(n)] for _ in paths]
         rewards = [[] for _ in range(turns)]  # per turn, one entry per (item, sample) path
         for t in range(turns):
-            texts = []
-            for a in range(n):
-                with self.team.activate(a) as model:
-                    s = sample_completions(model, self.team.tokenizers[a], [pr[a][0] for pr in prompts], 1,
-                                           settings, streams[a])
-                texts.append([row[0] for row in s.texts])
+            requests = [SampleRequest(a, [pr[a][0] for pr in prompts], 1, streams[a]) for a in range(n)]
+            texts = [[row[0] for row in s.texts] for s in engine_of(self.team).sample_many(requests, settings)]
             for p, (index, j) in enumerate(paths):
                 item = items[index]
                 joint = [texts[a][p] for a in range(n)]
@@ -321,7 +334,7 @@ class MAGRPOModule(TeamModuleBase):
         prompts = [s.prompt_ids for s in minibatch for _ in s.completion_ids]
         comps = [c for s in minibatch for c in s.completion_ids]
         batch = completion_batch(prompts, comps, self.team.tokenizers[agent])
-        batch = {k: v.to(self.device) for k, v in batch.items()}
+        batch = {k: v.to(self.agent_device(agent)) for k, v in batch.items()}
         with self.team.activate(agent) as model:
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                            use_cache=False).logits

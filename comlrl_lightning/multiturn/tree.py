@@ -103,6 +103,9 @@ SampleFn = Callable[[int, int, str, str], AgentDraw]
 LevelSampleFn = Callable[[int, int, list[tuple[str, str]]], list[AgentDraw]]
 """``sample_level(agent, turn, [(prompt, prompt_used), ...]) -> [AgentDraw, ...]``: one draw of K completions per
 node of a level, in order (one batched generate call)."""
+TeamLevelSampleFn = Callable[[int, list[list[tuple[str, str]]]], list[list[AgentDraw]]]
+"""``sample_team_level(turn, per agent [(prompt, prompt_used), ...]) -> per agent [AgentDraw, ...]``: the whole
+level for every agent at once (one engine call may serve all agents, e.g. mixed LoRA adapters)."""
 RewardFn = Callable[[list[str], list[str], int, tuple[int, ...]], float]
 """``reward(prompts, joint_texts, turn, path) -> float``: the processed, checked joint reward."""
 TransitionFn = Callable[[list[str], list[list[str]], list[list[str]], int, tuple], list[tuple[str, str]]]
@@ -171,6 +174,7 @@ def build_trees(
     transition: Callable[..., list[tuple[str, str]]] | None,
     early_termination_threshold: float | None = None,
     env_step: int = 0,
+    sample_team_level: TeamLevelSampleFn | None = None,
 ) -> tuple[list[Node], int]:
     """Build the rollout trees of several items level by level; returns (roots, new env_step).
 
@@ -185,6 +189,8 @@ def build_trees(
         reward: ``reward(tree, prompts, joint_texts, turn, path) -> float`` (``tree`` indexes ``root_prompts``).
         transition: ``transition(tree, joint_texts, prompt_history, response_history, turn, path)``; required
             when ``num_turns > 1``.
+        sample_team_level: see :data:`TeamLevelSampleFn`; when given, it replaces the ``sample_level`` calls
+            (one call per level instead of one per agent per level).
         Other args as :func:`build_tree`.
     """
     if num_turns > 1 and transition is None:
@@ -199,8 +205,11 @@ def build_trees(
         if not level:
             break
         per_agent = []
+        together = (sample_team_level(turn, [[entry[3][a] for entry in level] for a in range(n)])
+                    if sample_team_level is not None else None)
         for a in range(n):
-            draws = list(sample_level(a, turn, [entry[3][a] for entry in level]))
+            draws = list(together[a] if together is not None
+                         else sample_level(a, turn, [entry[3][a] for entry in level]))
             if len(draws) != len(level):
                 raise ValueError(f"sample_level returned {len(draws)} draws for agent {a}; expected one per "
                                  f"node of the level ({len(level)}).")

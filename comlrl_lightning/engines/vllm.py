@@ -1,0 +1,501 @@
+"""The vLLM engine (docs/engines.md): rollouts from vLLM, training in torch.
+
+Team layouts:
+
+* **LoRA agents on one base** (``lora=...``): one ``vllm.LLM`` with ``enable_lora``, one adapter per agent. A
+  :meth:`VLLMEngine.sample_many` call serves every agent's request in one ``generate`` with one adapter per
+  prompt. Base-model requests are never put in such a call (vLLM was measured giving them the last adapter):
+  this engine serves only the agents, comparators with other weights keep their own (HF) engine.
+* **Full-model agents**: one ``vllm.LLM`` per distinct agent model.
+
+Weight sync is lazy: :meth:`VLLMEngine.sync` marks agents stale, and the next generation first pushes their
+weights. LoRA: the adapter is saved to a fresh folder and served under a fresh integer id (the old id is removed),
+so a stale adapter is never served (vLLM caches adapters by id). Full weights: the state dict is written as
+safetensors, loaded with ``collective_rpc("reload_weights")``, the prefix cache is reset, and the weight
+post-processing is re-run so that a tied ``lm_head`` is not left stale by the CPU build's pre-packing.
+
+Reproducibility: each request draws one seed from its :class:`~comlrl_lightning.generation.SamplingStream`;
+every (prompt, candidate) row gets its own seed derived from it (a shared seed would give correlated samples).
+
+The engine starts on the first generation (once per fit: the team module closes it at the end of the run, on an
+exception and on Ctrl-C); scripts that use it need an ``if __name__ == "__main__":`` guard (vLLM spawns its
+engine processes).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import shutil
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from comlrl_lightning.engines.base import SampleRequest
+from comlrl_lightning.generation import Samples, SamplingSettings, SamplingStream, cut_at_pad, encode_prompts
+
+#: Head sizes the CPU attention backend of vLLM 0.32 supports (a model with another size crashes at its first
+#: generate, so the engine refuses it at start).
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+#: LoRA ranks vLLM accepts for ``max_lora_rank``.
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+#: ``SamplingSettings.extra`` keys (HF ``generate`` names) and their vLLM ``SamplingParams`` names.
+_EXTRA_TO_VLLM = {"repetition_penalty": "repetition_penalty", "min_new_tokens": "min_tokens",
+                  "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+                  "min_p": "min_p"}
+
+#: Defaults for CPU runs: a 256 MiB KV cache (vLLM's default reserves 4 GiB per engine) and no torch.compile
+#: (full-model engines otherwise compile with inductor at start, minutes on 2 cores; LoRA engines never compile).
+CPU_DEFAULTS = {"kv_cache_memory_bytes": 256 * 2**20, "enforce_eager": True}
+
+
+#: Worker mix-in that reloads full weights (and a tied ``lm_head``) in vLLM's worker process.
+WORKER_EXTENSION = "comlrl_lightning.engines.vllm_worker.WeightSyncExtension"
+
+
+class EngineError(RuntimeError):
+    """A vLLM engine could not start or died (the message names the engine and what to do)."""
+
+
+def head_size_of(config: Any) -> int:
+    """Attention head size of a transformers config: ``head_dim``, else ``hidden_size // num_attention_heads``."""
+    head = getattr(config, "head_dim", None)
+    return int(head) if head else int(config.hidden_size) // int(config.num_attention_heads)
+
+
+def check_head_size(config: Any, where: str, supported: Sequence[int] = CPU_HEAD_SIZES) -> None:
+    """``ValueError`` naming the head size and the supported ones when vLLM's CPU attention cannot serve it."""
+    size = head_size_of(config)
+    if size not in supported:
+        raise ValueError(
+            f"{where} has attention head size {size} (hidden_size {config.hidden_size} / "
+            f"{config.num_attention_heads} heads), which vLLM's CPU attention does not support; supported head sizes: "
+            f"{', '.join(map(str, supported))}. Use a model with a supported head size (e.g. hidden 128 with 4 heads) "
+            "or generation_backend='hf'.")
+
+
+def row_seeds(seed: int, count: int) -> list[int]:
+    """``count`` per-row seeds derived from one stream draw: ``random.Random(seed).getrandbits(63)`` in order."""
+    rng = random.Random(seed)
+    return [rng.getrandbits(63) for _ in range(count)]
+
+
+def _lora_rank(r: int) -> int:
+    return next((v for v in _LORA_RANKS if v >= r), r)
+
+
+def _is_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+class _Server:
+    """One ``vllm.LLM`` and what it serves (the agents, their model folder, adapter versions)."""
+
+    def __init__(self, agents: list[int], folder: str, label: str):
+        self.agents = agents
+        self.folder = folder
+        self.label = label
+        self.llm: Any = None
+        self.loras: dict[int, Any] = {}  # agent -> current LoRARequest
+        self.closing = False
+        self.died = False
+        self.workers: list[Any] = []  # psutil processes under the engine core (they outlive a killed core)
+
+    def watch(self) -> None:
+        """A daemon thread that wakes a call blocked on a dead engine: vLLM's synchronous client marks the engine
+        dead when its core process exits, but a ``generate`` already waiting for outputs would wait forever; the
+        thread hands it an ``EngineDeadError`` instead."""
+        client = self.llm.llm_engine.engine_core
+        manager = getattr(getattr(client, "resources", None), "engine_manager", None)
+        processes = list(getattr(manager, "processes", []) or [])
+        queue = getattr(client, "outputs_queue", None)
+        if not processes or queue is None:
+            return
+        import psutil
+
+        for proc in processes:
+            try:
+                self.workers += psutil.Process(proc.pid).children(recursive=True)
+            except psutil.Error:
+                pass
+
+        def run() -> None:
+            from multiprocessing.connection import wait
+
+            from vllm.v1.engine.exceptions import EngineDeadError
+
+            wait([p.sentinel for p in processes])
+            if not self.closing:
+                self.died = True
+                queue.put_nowait(EngineDeadError())
+
+        threading.Thread(target=run, daemon=True, name=f"comlrl-vllm-watch-{self.label}").start()
+
+    def dead(self) -> bool:
+        """True once the engine core process exited unasked (seen by :meth:`watch` or by vLLM's own monitor)."""
+        client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        return self.died or bool(getattr(getattr(client, "resources", None), "engine_dead", False))
+
+
+class VLLMEngine:
+    """Generation engine on vLLM for a team (LoRA agents on one base, or full-model agents).
+
+    Args:
+        team: the :class:`~comlrl_lightning.agents.AgentTeam` served.
+        vllm_kwargs: extra ``vllm.LLM`` keyword arguments (``kv_cache_memory_bytes``, ``max_model_len``,
+            ``gpu_memory_utilization``, ``dtype``, ``enforce_eager``, ...); ``dtype`` defaults to the agents' dtype
+            and, on CPU, ``kv_cache_memory_bytes`` to 256 MiB (unless ``VLLM_CPU_KVCACHE_SPACE`` is set) and
+            ``enforce_eager`` to True (:data:`CPU_DEFAULTS`).
+        workdir: folder for model copies and adapter versions (default: a fresh temporary folder, removed on
+            :meth:`close`).
+    """
+
+    name = "vllm"
+
+    def __init__(self, team: Any, vllm_kwargs: dict | None = None, workdir: str | os.PathLike | None = None):
+        self.team = team
+        self.vllm_kwargs = dict(vllm_kwargs or {})
+        self.workdir_root = workdir
+        self.workdir: Path | None = None
+        self.servers: list[_Server] = []
+        self.server_of: dict[int, _Server] = {}
+        self.stale: set[int] = set(range(team.num_agents))
+        self._next_lora_id = 1
+        self._version = 0
+        self._shm_before: set[str] = set()
+        n = team.num_agents
+        self.lora = team.uses_lora
+        if self.lora and (not all(a is not None for a in team.adapters) or len(team.unique_models()) != 1):
+            raise ValueError("The vLLM engine serves LoRA agents only as adapters of one shared base (lora=...); "
+                             f"got adapters {team.adapters} on {len(team.unique_models())} models.")
+        if not self.lora and n < 1:
+            raise ValueError("The vLLM engine needs at least one agent.")
+
+    # --- life cycle -----------------------------------------------------------------------------------------
+    @property
+    def started(self) -> bool:
+        return bool(self.servers)
+
+    def start(self) -> None:
+        """Start the engine processes (done by the first generation)."""
+        if self.started:
+            return
+        self.workdir = Path(tempfile.mkdtemp(prefix="comlrl-vllm-", dir=self.workdir_root))
+        self._shm_before = _shm_names()
+        try:
+            if self.lora:
+                model = self.team.models[0]
+                folder = self._save_base(model)
+                self.servers = [_Server(list(range(self.team.num_agents)), folder, "LoRA agents (one base)")]
+            else:
+                groups: dict[int, list[int]] = {}
+                for i, m in enumerate(self.team.models):
+                    groups.setdefault(id(m), []).append(i)
+                for agents in groups.values():
+                    model = self.team.models[agents[0]]
+                    folder = self.workdir / f"model_{agents[0]}"
+                    model.save_pretrained(str(folder), safe_serialization=True)
+                    label = f"agent {agents[0]}" if len(agents) == 1 else f"agents {agents}"
+                    self.servers.append(_Server(agents, str(folder), label))
+            for server in self.servers:
+                self._launch(server)
+                for i in server.agents:
+                    self.server_of[i] = server
+            self.stale = set(range(self.team.num_agents)) if self.lora else set()
+        except BaseException:
+            self.close()
+            raise
+
+    def _save_base(self, model: Any) -> str:
+        """The base weights of a peft model, saved without the adapters (``peft_model.unload``-free: the
+        ``base_layer`` weights are copied under their plain names)."""
+        from safetensors.torch import save_file
+
+        base = model.get_base_model()
+        folder = self.workdir / "base"
+        folder.mkdir()
+        state = {}
+        for key, value in base.state_dict().items():
+            if ".lora_" in key:
+                continue
+            state[key.replace(".base_layer.", ".")] = value.detach().to("cpu").contiguous()
+        tied = getattr(base.config, "tie_word_embeddings", False)
+        if tied:
+            state.pop("lm_head.weight", None)
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        base.config.save_pretrained(str(folder))
+        gen = getattr(base, "generation_config", None)
+        if gen is not None:
+            gen.save_pretrained(str(folder))
+        return str(folder)
+
+    def _llm_kwargs(self, server: _Server) -> dict:
+        model = self.team.models[server.agents[0]]
+        dtype = next(model.parameters()).dtype
+        kwargs: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch."), "skip_tokenizer_init": True,
+                                  "disable_log_stats": True, "seed": 0}
+        if _is_cpu():
+            kwargs.update(CPU_DEFAULTS)
+            if "VLLM_CPU_KVCACHE_SPACE" in os.environ:
+                kwargs.pop("kv_cache_memory_bytes")
+        if self.lora:
+            ranks = [int(c.r) for c in model.peft_config.values()]
+            kwargs.update(enable_lora=True, max_loras=len(server.agents), max_lora_rank=_lora_rank(max(ranks)))
+        else:
+            kwargs["worker_extension_cls"] = WORKER_EXTENSION
+        kwargs.update(self.vllm_kwargs)
+        return kwargs
+
+    def _launch(self, server: _Server) -> None:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(server.folder)
+        if _is_cpu():
+            check_head_size(config, f"The model of the vLLM engine for {server.label} ({server.folder})")
+        from vllm import LLM
+
+        # vLLM's engine core kills a worker that has not exited 5 s after shutdown, and a killed worker leaves its
+        # shared memory behind; on a loaded 2-core machine workers took longer (read when the core starts).
+        os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "30")
+        try:
+            server.llm = LLM(model=server.folder, **self._llm_kwargs(server))
+        except Exception as exc:
+            raise EngineError(f"The vLLM engine for {server.label} ({server.folder}) failed to start: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        server.watch()
+
+    def close(self) -> None:
+        """Shut every engine down (processes and shared memory) and remove the work folder."""
+        servers, self.servers, self.server_of = self.servers, [], {}
+        for server in servers:
+            server.closing = True
+            llm, server.llm = server.llm, None
+            if llm is None:
+                continue
+            _shutdown(llm)
+            _stop(server.workers)
+            del llm
+        gc.collect()
+        if servers:  # what a killed engine process (core or worker) could not free
+            _unlink_orphan_shm(self._shm_before)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+        self.stale = set(range(self.team.num_agents))
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # --- weights --------------------------------------------------------------------------------------------
+    def sync(self, agent_indices: Sequence[int] | None = None) -> None:
+        """Mark agents stale (None: all); their weights are pushed before the next generation."""
+        self.stale.update(range(self.team.num_agents) if agent_indices is None else agent_indices)
+
+    def _push(self, agents: Sequence[int]) -> None:
+        for i in sorted(set(agents) & self.stale):
+            server = self.server_of[i]
+            if self.lora:
+                self._push_adapter(server, i)
+            else:
+                self._push_full(server)
+                self.stale.difference_update(server.agents)
+            self.stale.discard(i)
+
+    def _push_adapter(self, server: _Server, agent: int) -> None:
+        from vllm.lora.request import LoRARequest
+
+        self._version += 1
+        folder = self.workdir / f"adapter_{agent}_v{self._version}"
+        model, name = self.team.models[agent], self.team.adapters[agent]
+        model.save_pretrained(str(folder), selected_adapters=[name])
+        sub = folder / name
+        if sub.is_dir():  # peft writes non-default adapters into a subfolder
+            for f in sub.iterdir():
+                os.replace(f, folder / f.name)
+            sub.rmdir()
+        old = server.loras.get(agent)
+        request = LoRARequest(f"agent{agent}-v{self._version}", self._next_lora_id, str(folder))
+        self._next_lora_id += 1
+        server.loras[agent] = request
+        if old is not None:
+            self._call(server, server.llm.llm_engine.remove_lora, old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+
+    def _push_full(self, server: _Server) -> None:
+        from safetensors.torch import save_file
+
+        self._version += 1
+        model = self.team.models[server.agents[0]]
+        folder = self.workdir / f"weights_v{self._version}"
+        folder.mkdir()
+        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        if getattr(model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        self._call(server, server.llm.collective_rpc, "comlrl_reload_weights", kwargs={"weights_path": str(folder)})
+        self._call(server, server.llm.reset_prefix_cache)
+        shutil.rmtree(folder, ignore_errors=True)
+
+    # --- sampling -------------------------------------------------------------------------------------------
+    def sample(self, agent_index: int, prompts: Sequence[str], num_candidates: int, settings: SamplingSettings,
+               stream: SamplingStream) -> Samples:
+        return self.sample_many([SampleRequest(agent_index, prompts, num_candidates, stream)], settings)[0]
+
+    def sample_many(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[Samples]:
+        """One ``generate`` per engine for all requests it serves (LoRA: mixed adapters in one call)."""
+        for r in requests:
+            if r.num_candidates < 1:
+                raise ValueError(f"num_candidates must be >= 1. Got {r.num_candidates}.")
+        self.start()
+        self._push([r.agent_index for r in requests])
+        encoded = []
+        for r in requests:
+            tok = self.team.tokenizers[r.agent_index]
+            ids, _ = encode_prompts(self.team.models[r.agent_index], tok, list(r.prompts), settings.max_new_tokens)
+            seeds = row_seeds(r.stream.next_seed(), len(ids) * r.num_candidates)
+            encoded.append((ids, seeds))
+        outputs: list[list[list[int]]] = [[] for _ in requests]
+        for server in self.servers:
+            mine = [q for q, r in enumerate(requests) if r.agent_index in server.agents]
+            if not mine:
+                continue
+            prompts, params, loras, owners = [], [], [], []
+            for q in mine:
+                r = requests[q]
+                ids, seeds = encoded[q]
+                tok = self.team.tokenizers[r.agent_index]
+                for p, prompt in enumerate(ids):
+                    for c in range(r.num_candidates):
+                        prompts.append({"prompt_token_ids": prompt})
+                        params.append(self._params(settings, tok, seeds[p * r.num_candidates + c]))
+                        loras.append(server.loras.get(r.agent_index))
+                        owners.append(q)
+            kwargs = {"lora_request": loras} if self.lora else {}
+            results = self._call(server, server.llm.generate, prompts, params, use_tqdm=False, **kwargs)
+            for q, res in zip(owners, results):
+                outputs[q].append(list(res.outputs[0].token_ids))
+        out = []
+        for q, r in enumerate(requests):
+            tok = self.team.tokenizers[r.agent_index]
+            ids, _ = encoded[q]
+            k = r.num_candidates
+            rows = [[cut_at_pad(outputs[q][p * k + c], tok.pad_token_id) for c in range(k)] for p in range(len(ids))]
+            texts = [[tok.decode(c, skip_special_tokens=True) for c in row] for row in rows]
+            out.append(Samples(prompt_ids=[list(x) for x in ids], completion_ids=rows, texts=texts))
+        return out
+
+    def _params(self, settings: SamplingSettings, tok: Any, seed: int) -> Any:
+        from vllm import SamplingParams
+
+        eos = tok.eos_token_id if tok.eos_token_id is not None else tok.pad_token_id
+        extra = {}
+        for key, value in settings.extra.items():
+            if key == "do_sample":
+                continue
+            if key not in _EXTRA_TO_VLLM:
+                raise ValueError(f"generation_kwargs key {key!r} has no vLLM equivalent; the vLLM engine supports "
+                                 f"{sorted(_EXTRA_TO_VLLM)}. Remove it or use generation_backend='hf'.")
+            extra[_EXTRA_TO_VLLM[key]] = value
+        return SamplingParams(n=1, temperature=settings.temperature, top_p=settings.top_p,
+                              top_k=settings.top_k if settings.top_k is not None else 0,
+                              max_tokens=settings.max_new_tokens, seed=seed, stop_token_ids=[eos], detokenize=False,
+                              **extra)
+
+    def _call(self, server: _Server, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` with an engine failure turned into an :class:`EngineError` naming the engine."""
+        try:
+            if server.dead():
+                from vllm.v1.engine.exceptions import EngineDeadError
+
+                raise EngineDeadError()
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if _is_engine_dead(exc):
+                raise EngineError(f"The vLLM engine for {server.label} ({server.folder}) died "
+                                  f"({type(exc).__name__}). Resume the run from its last checkpoint.") from exc
+            raise
+
+
+def _shutdown(llm: Any, timeout: float = 60.0) -> None:
+    """Stop an ``LLM``'s engine-core process and reap it; a dead engine is fine. The engine core is given
+    ``timeout`` seconds (vLLM's default is 5): it first waits for its workers, then frees the shared-memory queues,
+    and on a loaded 2-core machine a worker was seen taking more than 5 s to exit (the core was then killed and its
+    shared memory left behind)."""
+    client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    manager = getattr(getattr(client, "resources", None), "engine_manager", None)
+    processes = list(getattr(manager, "processes", []) or [])
+    try:
+        if client is not None:
+            client.shutdown(timeout=timeout)
+    except Exception:  # noqa: BLE001 - a dead engine has nothing left to shut down
+        pass
+    for proc in processes:
+        proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
+
+
+def _stop(processes: Sequence[Any], timeout: float = 10.0) -> None:
+    """Terminate, then kill, the psutil processes still running (workers orphaned by a killed engine core)."""
+    import psutil
+
+    alive = [p for p in processes if p.is_running()]
+    for p in alive:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=timeout)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=timeout)
+
+
+def _shm_names() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def _unlink_orphan_shm(before: set[str]) -> list[str]:
+    """Remove the ``/dev/shm`` shared-memory segments and semaphores of Python's multiprocessing (``psm_*``,
+    ``sem.mp-*``) created since ``before`` that no live process maps any more (what a killed vLLM process leaves
+    behind); returns their names."""
+    candidates = {n for n in _shm_names() - before if n.startswith(("psm_", "sem.mp-"))}
+    if not candidates:
+        return []
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue
+        candidates = {n for n in candidates if f"/dev/shm/{n}" not in text}
+        if not candidates:
+            return []
+    for name in candidates:
+        try:
+            os.unlink(f"/dev/shm/{name}")
+        except OSError:
+            pass
+    return sorted(candidates)
+
+
+def _is_engine_dead(exc: BaseException) -> bool:
+    try:
+        from vllm.v1.engine.exceptions import EngineDeadError
+    except ImportError:  # other vLLM versions
+        return "EngineDead" in type(exc).__name__
+    return isinstance(exc, EngineDeadError) or "EngineDead" in type(exc).__name__
+

@@ -1,0 +1,36 @@
+"""``parallel_training="mp"`` on two GPUs: agents on cuda:0 and cuda:1 train and sample (skipped without 2 GPUs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import cpu_trainer_kwargs
+
+from comlrl_lightning.config import IACConfig, MADPOConfig
+from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
+from comlrl_lightning.trainers.actor_critic import IACTrainer
+from comlrl_lightning.trainers.preference import MADPOTrainer
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")]
+ITEMS = [{"prompt": f"Topic: {t}."} for t in ("rivers", "bread", "trains", "music")]
+TINY = dict(max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-2, eval_interval=0,
+            eval_num_samples=2, parallel_training="mp", agent_devices=["cuda:0", "cuda:1"])
+
+
+def test_madpo_agents_train_on_their_own_gpus(tiny_model_dir):
+    tr = MADPOTrainer(agent_model=tiny_model_dir, train_dataset=ITEMS, reward_func=cooperative_reward,
+                      formatters=FORMATTERS, trainer_kwargs=cpu_trainer_kwargs(accelerator="gpu", devices=[0]),
+                      args=MADPOConfig(num_train_epochs=1, preference_num_candidates=4, train_batch_size=4, **TINY))
+    before = [p.detach().clone() for p in tr.team.parameters_of(1)]
+    tr.train()
+    assert [tr.module.agent_device(i) for i in range(2)] == [torch.device("cuda:0"), torch.device("cuda:1")]
+    assert any(not torch.equal(a, b) for a, b in zip(before, tr.team.parameters_of(1)))
+
+
+def test_iac_critics_follow_critic_devices(tiny_model_dir):
+    tr = IACTrainer(agent_model=tiny_model_dir, train_dataset=ITEMS[:2], reward_func=cooperative_reward,
+                    formatters=FORMATTERS, trainer_kwargs=cpu_trainer_kwargs(accelerator="gpu", devices=[0]),
+                    args=IACConfig(num_generations=2, num_train_epochs=1, critic_devices=["cuda:1", "cuda:0"], **TINY))
+    tr.train()
+    assert [next(c.parameters()).device for c in tr.module.critics] == [torch.device("cuda:1"), torch.device("cuda:0")]
