@@ -189,6 +189,18 @@ def test_logged_metric_names_with_and_without_eval_pairs(tiny_model_dir):
     assert trainer.global_step == 2  # reward_train_batch_size=4 from args: 6 pairs -> 2 steps
 
 
+def test_val_fraction_holds_out_whole_prompt_sets():
+    # Pairs of one prompt share its few candidates: held-out pairs must not share prompts with train pairs.
+    pairs = [PreferencePair([f"Topic: {t}.", f"Topic: {t}!"], [f"w{t}{j}", "x"], [f"l{t}", "y"], 1.0, 0.0, 0.5)
+             for t in range(10) for j in range(4)]
+    dm = RewardPairDataModule(pairs, val_fraction=0.2, seed=3)
+    assert (len(dm.train_pairs), len(dm.eval_pairs)) == (32, 8)
+    assert not {tuple(p.prompts) for p in dm.train_pairs} & {tuple(p.prompts) for p in dm.eval_pairs}
+    one_prompt = [PreferencePair(["a", "b"], [f"w{j}", "x"], ["l", "y"], 1.0, 0.0, 0.5) for j in range(4)]
+    dm = RewardPairDataModule(one_prompt, val_fraction=0.25)
+    assert (len(dm.train_pairs), len(dm.eval_pairs)) == (3, 1)  # a single prompt set: single pairs
+
+
 # --- fresh model per round ----------------------------------------------------------------------------------
 
 def test_fresh_model_shares_nothing_with_the_trained_one(tiny_model_dir):
