@@ -58,7 +58,6 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     import torch
-
     from recipes import run_recipe
 
     from comlrl_lightning.tiny import build_tiny_model

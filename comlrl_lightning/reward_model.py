@@ -48,18 +48,28 @@ def joint_reward_text(prompts: Sequence[str | None], completions: Sequence[str |
     return "\n\n".join(parts)
 
 
-def response_length_features(completions: Sequence[str | None], num_agents: int) -> list[float]:
-    """Per-agent length features of one joint response, read by a length-aware head (docs/preference.md §8.2).
+def num_length_features(num_agents: int) -> int:
+    """How many numbers :func:`response_length_features` returns: ``3N + N(N-1)/2``."""
+    return 3 * num_agents + num_agents * (num_agents - 1) // 2
 
-    For agent i (``i < num_agents``; a missing or None completion is ``""``) with ``L_i`` the number of
-    characters of the stripped response: ``[log(1 + L_i), 1 if L_i == 0 else 0]``. Returns ``2 * num_agents``
-    floats ordered agent by agent. The empty flag lets a linear head tell "stopped at once" apart from "short".
+
+def response_length_features(completions: Sequence[str | None], num_agents: int) -> list[float]:
+    """Length features of one joint response, read by a length-aware head (docs/preference.md §8.2).
+
+    With ``L_i`` the characters of agent i's stripped response (a missing or None completion is ``""``) and
+    ``x_i = log(1 + L_i)``: per agent ``[x_i, x_i², 1 if L_i == 0 else 0]`` (agent by agent), then
+    ``x_i · x_j`` for every pair i < j. A linear head on them is a quadratic function of the log lengths, so
+    it can prefer a range of lengths and of length ratios (``log L_j − log L_i``), not only "longer"; the
+    empty flag tells "stopped at once" apart from "short". ``num_length_features(num_agents)`` numbers.
     """
-    out: list[float] = []
+    xs, out = [], []
     for i in range(num_agents):
         c = completions[i] if i < len(completions) and completions[i] is not None else ""
         n = len(c.strip())
-        out += [math.log1p(n), 1.0 if n == 0 else 0.0]
+        x = math.log1p(n)
+        xs.append(x)
+        out += [x, x * x, 1.0 if n == 0 else 0.0]
+    out += [xs[i] * xs[j] for i in range(num_agents) for j in range(i + 1, num_agents)]
     return out
 
 

@@ -2,9 +2,10 @@
 
 The backbone is the base model of ``AutoModelForCausalLM`` (the LM head is dropped: only the last layer's
 hidden states are needed). The head is ``Linear(hidden_size, 1)`` with bias and PyTorch's default init, in
-the backbone's dtype. With ``reward_length_features`` a second, bias-free ``Linear(2 * num_agents, 1)``
+the backbone's dtype. With ``reward_length_features`` a second, bias-free ``Linear(F, 1)``
 (zero-initialised, so training starts from the plain model) reads each agent's response length
-(:func:`~comlrl_lightning.reward_model.response_length_features`) and its output is added. A row's reward is
+(the F numbers of :func:`~comlrl_lightning.reward_model.response_length_features`) and its output is added
+(``"add"``) or is the reward (``"only"``). A row's reward is
 the head applied to the hidden state at its last non-padding token
 (:func:`~comlrl_lightning.reward_model.last_token_pool`), so left- and right-padded batches give the same
 scores. Position ids are derived from the attention mask when the backbone accepts them, so a text scores
@@ -43,6 +44,7 @@ from comlrl_lightning.reward_model import (
     infer_hidden_size,
     joint_reward_text,
     last_token_pool,
+    num_length_features,
     resolve_max_length,
     response_length_features,
 )
@@ -69,7 +71,7 @@ class JointRewardModel(L.LightningModule):
         seed: when set, the head (and LoRA) init uses this seed, so two builds with the same seed are equal;
             None draws from the global torch RNG (``seed_everything``).
         num_agents: responses per joint text; required with ``args.reward_length_features`` (the length head
-            reads ``2 * num_agents`` features).
+            reads ``num_length_features(num_agents)`` features).
 
     Metrics: ``train/reward_model/{loss,accuracy,margin}`` per step, and
     ``val/reward_model/{loss,accuracy,margin}`` per epoch when the datamodule has eval pairs.
@@ -102,11 +104,12 @@ class JointRewardModel(L.LightningModule):
                 "reward_freeze_backbone=True cannot be combined with lora: a frozen backbone trains only the "
                 "head, a LoRA backbone trains its adapter and the head. Drop one of the two."
             )
-        if self.args.reward_length_features != "off" and (isinstance(num_agents, bool) or not isinstance(num_agents, int)
-                                                 or num_agents < 1):
+        mode = self.args.reward_length_features
+        if mode != "off" and (isinstance(num_agents, bool) or not isinstance(num_agents, int) or num_agents < 1):
             raise ValueError(
-                f"reward_length_features={self.args.reward_length_features!r} needs num_agents (responses per joint text, >= 1); got {num_agents!r}. "
-                "Pass JointRewardModel(..., num_agents=N); the MARLHF trainers pass the number of agents."
+                f"reward_length_features={mode!r} needs num_agents (responses per joint text, >= 1); got "
+                f"{num_agents!r}. Pass JointRewardModel(..., num_agents=N); the MARLHF trainers pass the number "
+                "of agents."
             )
         self.num_agents = num_agents
         if isinstance(source, str):
@@ -144,7 +147,7 @@ class JointRewardModel(L.LightningModule):
             head = nn.Linear(hidden, 1)
         length_head = None
         if self.args.reward_length_features != "off":
-            length_head = nn.Linear(2 * self.num_agents, 1, bias=False)
+            length_head = nn.Linear(num_length_features(self.num_agents), 1, bias=False)
             nn.init.zeros_(length_head.weight)
         if ref is not None:
             head = head.to(device=ref.device, dtype=ref.dtype)
@@ -195,7 +198,7 @@ class JointRewardModel(L.LightningModule):
 
         Args:
             batch: a list of B texts, or a dict with ``input_ids`` and ``attention_mask`` ``[B, T]`` (and, for a
-                length-aware head, ``length_features`` ``[B, 2 * num_agents]``).
+                length-aware head, ``length_features`` ``[B, F]``).
 
         Returns:
             ``[B]`` rewards (with grad in training).
@@ -204,8 +207,9 @@ class JointRewardModel(L.LightningModule):
             raise TypeError("JointRewardModel expects a list of texts or a tokenized batch, not one string.")
         if self.length_head is not None and not (isinstance(batch, dict) and "length_features" in batch):
             raise ValueError(
-                f"reward_length_features={self.args.reward_length_features!r}: the head needs each agent's response, so pass a tokenized batch with "
-                "length_features (RewardPairDataModule builds them) or score joint responses with score()."
+                f"reward_length_features={self.args.reward_length_features!r}: the head needs each agent's response, "
+                "so pass a tokenized batch with length_features (RewardPairDataModule builds them) or score joint "
+                "responses with score()."
             )
         if not isinstance(batch, dict):
             batch = encode_joint_texts(self.tokenizer, list(batch), self.max_length)
@@ -226,11 +230,11 @@ class JointRewardModel(L.LightningModule):
         return reward
 
     def _length_reward(self, feats: Tensor, rows: int) -> Tensor:
-        """``[B]`` output of the length head on ``feats`` ``[B, 2 * num_agents]``."""
+        """``[B]`` output of the length head on ``feats`` ``[B, F]``."""
         if feats.shape != (rows, self.length_head.in_features):
             raise ValueError(
                 f"length_features has shape {tuple(feats.shape)}; this length-aware head expects "
-                f"[{rows}, {self.length_head.in_features}] (2 features per agent, num_agents={self.num_agents})."
+                f"[{rows}, {self.length_head.in_features}] (response_length_features for num_agents={self.num_agents})."
             )
         w = self.length_head.weight
         return self.length_head(feats.to(device=w.device, dtype=w.dtype)).squeeze(-1)
