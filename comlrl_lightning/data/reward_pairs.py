@@ -251,7 +251,8 @@ class RewardPairDataModule(L.LightningDataModule):
 
     def collate(self, batch: list[tuple]) -> dict[str, torch.Tensor]:
         """``input_ids``, ``attention_mask`` ``[2B, T]`` (chosen rows, then rejected); ``pair_index`` ``[B]``;
-        for a length-aware reward head also ``length_features`` ``[2B, F]`` (F per :func:`~comlrl_lightning.reward_model.response_length_features`).
+        for a length-aware reward head also ``length_features`` ``[2B, F]`` (F numbers per joint text, see
+        :func:`~comlrl_lightning.reward_model.response_length_features`).
 
         One tokenizer call over the 2B texts, so both sides share the padding width; scores do not depend
         on it (last-token pooling, position ids from the mask)."""
