@@ -76,7 +76,7 @@ def madpo(model_dir: str, seed: int, root: str | None = None, **overrides: Any):
               eval_interval=0, eval_num_samples=0, seed=seed)
     kw.update(overrides)
     return MADPOTrainer(agent_model=model_dir, train_dataset=items[:20], reward_func=reward, formatters=formatters,
-                        args=MADPOConfig(**kw), evaluation=False, trainer_kwargs=_cpu_trainer_kwargs(root))
+                        args=MADPOConfig(**kw), trainer_kwargs=_cpu_trainer_kwargs(root))
 
 
 def madpo_iter(model_dir: str, seed: int, root: str | None = None, **overrides: Any):
