@@ -121,7 +121,8 @@ def record_sampling(folder: Path, pl_module: L.LightningModule) -> None:
 
 
 def save_reward_model(reward_model: Any, folder: Path) -> Path:
-    """``folder/backbone/`` (save_pretrained + tokenizer), ``folder/head.pt`` and ``folder/reward_model.json``."""
+    """``folder/backbone/`` (save_pretrained + tokenizer), ``folder/head.pt`` (+ ``length_head.pt``) and
+    ``folder/reward_model.json``."""
     folder.mkdir(parents=True, exist_ok=True)
     backbone = reward_model.backbone
     if hasattr(backbone, "save_pretrained"):
@@ -130,12 +131,17 @@ def save_reward_model(reward_model: Any, folder: Path) -> Path:
         torch.save(backbone.state_dict(), folder / "backbone.pt")
     reward_model.tokenizer.save_pretrained(str(folder / "backbone"))
     torch.save({k: v.detach().cpu() for k, v in reward_model.head.state_dict().items()}, folder / "head.pt")
+    length_head = getattr(reward_model, "length_head", None)
+    if length_head is not None:  # reward_length_features: the length-aware head
+        torch.save({k: v.detach().cpu() for k, v in length_head.state_dict().items()}, folder / "length_head.pt")
     options = reward_model.args.to_dict() if hasattr(reward_model.args, "to_dict") else _plain(reward_model.args)
     (folder / "reward_model.json").write_text(json.dumps({
         "class": f"{type(reward_model).__module__}.{type(reward_model).__name__}",
         "options": _plain(options),
-        "load": "JointRewardModel(model='<folder>/backbone', args=RewardModelOptions(**options)); "
-                "head.load_state_dict(torch.load('<folder>/head.pt'))",
+        "num_agents": getattr(reward_model, "num_agents", None),
+        "load": "JointRewardModel(model='<folder>/backbone', args=RewardModelOptions(**options), "
+                "num_agents=num_agents); head.load_state_dict(torch.load('<folder>/head.pt')) (and length_head "
+                "from length_head.pt when present)",
     }, indent=2) + "\n")
     return folder
 

@@ -19,8 +19,14 @@ trained), else ``args.reward_model_name``, else the agents' model name (``pl_mod
 Device: ``args.reward_model_device``, else the module's device (the Lightning accelerator,
 docs/decisions.md, decision 7).
 
-Logs ``train/reward_model/{loss,accuracy,margin}`` (last step), ``val/reward_model/...`` with held-out pairs
-(``val_fraction``), ``reward_model/num_pairs`` and ``reward_model/fits``.
+Held-out pairs: ``val_fraction`` (default 0.1, whole prompt sets; 0 = train on every pair) of each fit's pairs
+are held out; after every reward-model epoch the held-out accuracy is measured and the weights of the best
+epoch are the ones kept (model selection: the tiny reward models of the built-in task memorise their few
+distinct completions within an epoch or two, and an over-fitted model misleads RL).
+
+Logs ``train/reward_model/{loss,accuracy,margin}`` (last step), ``val/reward_model/...`` (last epoch),
+``reward_model/val_accuracy`` (the kept epoch's held-out accuracy, every fit), ``reward_model/num_pairs``
+and ``reward_model/fits``.
 """
 
 from __future__ import annotations
@@ -51,12 +57,35 @@ def _inner_trainer_kwargs(device: torch.device, trainer: L.Trainer) -> dict[str,
     return kwargs
 
 
+class _KeepBestValAccuracy(L.Callback):
+    """Inner-fit callback: after every validation epoch, keep a CPU copy of the weights when the held-out
+    accuracy is the best so far (ties: the later epoch, trained longer); restore that copy at fit end.
+    Model selection on held-out pairs: a reward model that starts to memorise its pairs stops improving
+    there, and the RL stage then uses the epoch that generalised best."""
+
+    def __init__(self) -> None:
+        self.best: float | None = None
+        self.state: dict | None = None
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        acc = trainer.callback_metrics.get("val/reward_model/accuracy")
+        if acc is None or trainer.sanity_checking:
+            return
+        if self.best is None or float(acc) >= self.best:
+            self.best = float(acc)
+            self.state = {k: v.detach().to("cpu", copy=True) for k, v in pl_module.state_dict().items()}
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.state is not None:
+            pl_module.load_state_dict(self.state)
+
+
 class _RewardModelFitting(L.Callback):
     """Shared part: resolve the source, build a fresh model, fit it, log, wrap it as an oracle."""
 
     sets_train_oracle = True
 
-    def __init__(self, reward_model: Any = None, val_fraction: float = 0.0, seed: int | None = None,
+    def __init__(self, reward_model: Any = None, val_fraction: float = 0.1, seed: int | None = None,
                  trainer_kwargs: dict | None = None):
         self.reward_model = reward_model
         self.val_fraction = val_fraction
@@ -91,7 +120,8 @@ class _RewardModelFitting(L.Callback):
             return template.fresh(seed).to(self.device(pl_module))
         source = template or pl_module.args.reward_model_name or pl_module.reward_source
         model = JointRewardModel(source, args=pl_module.args.reward_model_options(),
-                                 model_config=getattr(pl_module, "model_config", None), seed=seed)
+                                 model_config=getattr(pl_module, "model_config", None), seed=seed,
+                                 num_agents=pl_module.team.num_agents)
         return model.to(self.device(pl_module))
 
     def fit(self, trainer: L.Trainer, pl_module: L.LightningModule, pairs: list, seed: int) -> Any:
@@ -116,8 +146,10 @@ class _RewardModelFitting(L.Callback):
         device = self.device(pl_module)
         kwargs = {**_inner_trainer_kwargs(device, trainer), **self.trainer_kwargs}
         dm_kwargs: dict[str, Any] = {"seed": seed}
+        best = _KeepBestValAccuracy()
         if self.val_fraction and len(pairs) >= 2:
             dm_kwargs["val_fraction"] = self.val_fraction
+            kwargs["callbacks"] = [*kwargs.get("callbacks", []), best]
         metrics = rm_module.fit_reward_model(model, pairs, trainer_kwargs=kwargs, **dm_kwargs)
         model.to(device)  # the inner Trainer's teardown may have moved it to the CPU
         model.eval()
@@ -125,13 +157,15 @@ class _RewardModelFitting(L.Callback):
         self.current = model
         out = {k: v for k, v in metrics.items() if "reward_model/" in k}
         out.update({"reward_model/num_pairs": len(pairs), "reward_model/fits": self.fits})
+        if best.best is not None:  # held-out accuracy of the weights kept (the best epoch)
+            out["reward_model/val_accuracy"] = best.best
         self.history.append(out)
         log_metrics(trainer, out)
         acc = out.get("train/reward_model/accuracy")
         rank_zero_info(f"Reward model fitted on {len(pairs)} pairs ({model.args.reward_num_train_epochs} epoch(s))"
                        + (f"; last-step train accuracy {acc:.3f}" if acc is not None else "")
-                       + (f", held-out accuracy {out['val/reward_model/accuracy']:.3f}"
-                          if "val/reward_model/accuracy" in out else "") + ".")
+                       + (f", held-out accuracy {out['reward_model/val_accuracy']:.3f} (best epoch kept)"
+                          if "reward_model/val_accuracy" in out else "") + ".")
         return model
 
     def state_dict(self) -> dict:
@@ -148,13 +182,14 @@ class LearnedRewardFit(_RewardModelFitting):
     Args:
         reward_model: a JointRewardModel template, a source string, or None (``args.reward_model_name``, else
             the agents' model name).
-        val_fraction: hold out this fraction of the pairs to report ``val/reward_model/accuracy``.
+        val_fraction: hold out this fraction of the pairs (whole prompt sets) to select the best epoch and report
+            ``reward_model/val_accuracy``; 0 trains on every pair (upstream) and reports none.
         seed: seed of the sampling streams, pair selection and the reward head (None = ``args.seed``).
         chunk_size: task items generated together per agent.
         trainer_kwargs: extra ``lightning.Trainer`` kwargs of the reward-model fit.
     """
 
-    def __init__(self, reward_model: Any = None, val_fraction: float = 0.0, seed: int | None = None,
+    def __init__(self, reward_model: Any = None, val_fraction: float = 0.1, seed: int | None = None,
                  chunk_size: int = 16, trainer_kwargs: dict | None = None):
         super().__init__(reward_model, val_fraction, seed, trainer_kwargs)
         self.chunk_size = chunk_size
@@ -229,7 +264,7 @@ class IterativeRewardModelFit(_RewardModelFitting):
 
     round_stage = 4
 
-    def __init__(self, reward_model: Any = None, val_fraction: float = 0.0, seed: int | None = None,
+    def __init__(self, reward_model: Any = None, val_fraction: float = 0.1, seed: int | None = None,
                  trainer_kwargs: dict | None = None):
         super().__init__(reward_model, val_fraction, seed, trainer_kwargs)
         self.next_round = 0

@@ -20,6 +20,9 @@ from comlrl_lightning.config.checks import _bad
 
 JOINT_RESPONSE_HEADER = "Joint multi-agent response"
 
+#: Values of ``reward_length_features``.
+LENGTH_FEATURE_MODES = ("off", "add", "only")
+
 #: Above this, ``tokenizer.model_max_length`` is transformers' "no limit" sentinel (int(1e30)).
 _NO_LIMIT = 10**9
 
@@ -43,6 +46,31 @@ def joint_reward_text(prompts: Sequence[str | None], completions: Sequence[str |
         parts.append(f"Agent {i + 1} prompt:\n{p}")
         parts.append(f"Agent {i + 1} response:\n{c}")
     return "\n\n".join(parts)
+
+
+def num_length_features(num_agents: int) -> int:
+    """How many numbers :func:`response_length_features` returns: ``3N + N(N-1)/2``."""
+    return 3 * num_agents + num_agents * (num_agents - 1) // 2
+
+
+def response_length_features(completions: Sequence[str | None], num_agents: int) -> list[float]:
+    """Length features of one joint response, read by a length-aware head (docs/preference.md §8.2).
+
+    With ``L_i`` the characters of agent i's stripped response (a missing or None completion is ``""``) and
+    ``x_i = log(1 + L_i)``: per agent ``[x_i, x_i², 1 if L_i == 0 else 0]`` (agent by agent), then
+    ``x_i · x_j`` for every pair i < j. A linear head on them is a quadratic function of the log lengths, so
+    it can prefer a range of lengths and of length ratios (``log L_j − log L_i``), not only "longer"; the
+    empty flag tells "stopped at once" apart from "short". ``num_length_features(num_agents)`` numbers.
+    """
+    xs, out = [], []
+    for i in range(num_agents):
+        c = completions[i] if i < len(completions) and completions[i] is not None else ""
+        n = len(c.strip())
+        x = math.log1p(n)
+        xs.append(x)
+        out += [x, x * x, 1.0 if n == 0 else 0.0]
+    out += [xs[i] * xs[j] for i in range(num_agents) for j in range(i + 1, num_agents)]
+    return out
 
 
 def last_token_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
@@ -160,6 +188,11 @@ class RewardModelOptions:
     """Tokenizer truncation length; None uses the tokenizer's ``model_max_length``."""
     reward_freeze_backbone: bool = False
     """Train only the scalar head (the backbone gets requires_grad=False)."""
+    reward_length_features: str = "off"
+    """Length-aware head (see :func:`response_length_features`): "off" (upstream), "add" (a linear head on
+    each agent's response length is added to the backbone's score) or "only" (the reward is that length head
+    alone, the backbone is not run: a length-only reward model). For preferences that depend on response
+    lengths, which a small backbone cannot count from its last token."""
 
     def __post_init__(self) -> None:
         if self.reward_model_name is not None and not isinstance(self.reward_model_name, str):
@@ -178,6 +211,9 @@ class RewardModelOptions:
             raise _bad("reward_max_length must be >= 1 or null.", m, "integers >= 1 or null")
         if not isinstance(self.reward_freeze_backbone, bool):
             raise _bad("reward_freeze_backbone must be a bool.", self.reward_freeze_backbone, "true, false")
+        if self.reward_length_features not in LENGTH_FEATURE_MODES:
+            raise _bad("reward_length_features must be one of off, add, only.", self.reward_length_features,
+                       ", ".join(LENGTH_FEATURE_MODES))
 
     @property
     def num_train_epochs(self) -> int:

@@ -24,7 +24,8 @@ DOC = ROOT / "docs" / "coming-from-comlrl.md"
 PKG = ROOT / "comlrl_lightning"
 LIB_DIRS = (str(PKG) + "/", str(ROOT / "callbacks") + "/")
 CONFIG_DIR = str(PKG / "config") + "/"
-OURS = {"seed", "gradient_clip_val", "gradient_accumulation_steps", "generation_backend", "vllm_kwargs"}
+OURS = {"seed", "gradient_clip_val", "gradient_accumulation_steps", "generation_backend", "vllm_kwargs",
+        "reward_length_features"}
 CONFIGS = {"MADPO": cfg_pkg.MADPOConfig, "MADPOIter": cfg_pkg.MADPOIterConfig, "MARLHF": cfg_pkg.MARLHFConfig,
            "MARLHFIter": cfg_pkg.MARLHFIterConfig, "MAGRPO": cfg_pkg.MAGRPOConfig, "IAC": cfg_pkg.IACConfig,
            "MAAC": cfg_pkg.MAACConfig}

@@ -72,6 +72,8 @@ class RewardModelFields:
     """Reward tokenizer truncation length; None = the tokenizer's ``model_max_length``."""
     reward_freeze_backbone: bool = False
     """Train only the reward model's scalar head."""
+    reward_length_features: str = "off"
+    """Ours: length-aware reward head, "off", "add" or "only" (docs/preference.md §8.2)."""
 
 
 @dataclass
@@ -147,7 +149,7 @@ class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardMo
             reward_model_name=self.reward_model_name, reward_learning_rate=self.reward_learning_rate,
             reward_num_train_epochs=self.reward_num_train_epochs,
             reward_train_batch_size=self.reward_train_batch_size, reward_max_length=self.reward_max_length,
-            reward_freeze_backbone=self.reward_freeze_backbone,
+            reward_freeze_backbone=self.reward_freeze_backbone, reward_length_features=self.reward_length_features,
         )
 
     @property

@@ -30,6 +30,7 @@ from comlrl_lightning.reward_model import (
     encode_joint_texts,
     joint_reward_text,
     resolve_max_length,
+    response_length_features,
 )
 
 BUILTIN_LENGTH_PAIRS = "builtin:length_preference"
@@ -96,19 +97,42 @@ def load_pairs(source: Any) -> list[PreferencePair]:
     return pairs
 
 
+def _held_out_indices(pairs: Sequence[PreferencePair], fraction: float, seed: int) -> list[int]:
+    """Indices of about ``fraction`` of the pairs (at least one, never all), held out by whole prompt sets.
+
+    Pairs built from one prompt's candidates share completions (``reward_gap`` reuses a prompt's best
+    candidate in many pairs), so a random split of pairs would put the same completion on both sides and
+    measure memorisation. Prompt sets are taken in a seeded random order until ``round(n * fraction)``
+    pairs are held out; when all pairs share one prompt set, single pairs are held out instead.
+    """
+    order = list(range(len(pairs)))
+    random.Random(seed).shuffle(order)
+    k = min(max(1, round(len(pairs) * fraction)), len(pairs) - 1)
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for i in order:
+        groups.setdefault(tuple(pairs[i].prompts), []).append(i)
+    held: list[int] = []
+    for members in groups.values():
+        if len(held) >= k:
+            break
+        if len(held) + len(members) < len(pairs):
+            held += members
+    return sorted(held) if held else sorted(order[:k])
+
+
 def _padded(texts: Sequence[str], n: int) -> list[str]:
     return list(texts) + [""] * (n - len(texts))
 
 
 class _Texts(Dataset):
-    def __init__(self, chosen: list[str], rejected: list[str]):
-        self.chosen, self.rejected = chosen, rejected
+    def __init__(self, chosen: list[str], rejected: list[str], features: list[tuple[list[float], list[float]]]):
+        self.chosen, self.rejected, self.features = chosen, rejected, features
 
     def __len__(self) -> int:
         return len(self.chosen)
 
-    def __getitem__(self, i: int) -> tuple[int, str, str]:
-        return i, self.chosen[i], self.rejected[i]
+    def __getitem__(self, i: int) -> tuple[int, str, str, tuple | None]:
+        return i, self.chosen[i], self.rejected[i], self.features[i] if self.features else None
 
 
 class RewardPairDataModule(L.LightningDataModule):
@@ -117,8 +141,8 @@ class RewardPairDataModule(L.LightningDataModule):
     Args:
         train_pairs: PreferencePairs, pair records, or a ``.jsonl``/``.json`` path (see :func:`load_pairs`).
         eval_pairs: held-out pairs in the same forms; None for no validation (or ``val_fraction``).
-        val_fraction: when ``eval_pairs`` is None, hold out this fraction of the train pairs (a seeded
-            shuffle with ``seed``; at least one pair on each side), 0 for none.
+        val_fraction: when ``eval_pairs`` is None, hold out about this fraction of the train pairs, whole
+            prompt sets at a time (seeded with ``seed``; at least one pair on each side), 0 for none.
         batch_size: pairs per step; None = the model's ``args.reward_train_batch_size``.
         eval_batch_size: pairs per validation batch; None = ``batch_size``.
         tokenizer: None = the model's tokenizer (taken in ``setup``).
@@ -148,11 +172,9 @@ class RewardPairDataModule(L.LightningDataModule):
         train = load_pairs(train_pairs)
         evals = load_pairs(eval_pairs)
         if val_fraction:
-            order = list(range(len(train)))
-            random.Random(seed).shuffle(order)
-            k = min(max(1, round(len(train) * val_fraction)), len(train) - 1)
-            evals = [train[i] for i in order[:k]]
-            train = [train[i] for i in sorted(order[k:])]
+            held = set(_held_out_indices(train, val_fraction, seed))
+            evals = [p for i, p in enumerate(train) if i in held]
+            train = [p for i, p in enumerate(train) if i not in held]
         if not train:
             raise ValueError("RewardPairDataModule needs at least one training pair; got none.")
         self.train_pairs, self.eval_pairs = train, evals
@@ -165,6 +187,7 @@ class RewardPairDataModule(L.LightningDataModule):
         self.seed = seed
         self._datasets: dict[str, _Texts] = {}
         self._resolved_max_length: int | None = None
+        self._length_agents: int | None = None  # set in setup for a length-aware reward head
 
     def setup(self, stage: str | None = None) -> None:
         module = getattr(self.trainer, "lightning_module", None) if self.trainer is not None else None
@@ -180,6 +203,8 @@ class RewardPairDataModule(L.LightningDataModule):
             self._resolved_max_length = module.max_length
         else:
             self._resolved_max_length = resolve_max_length(self.tokenizer, None)
+        if getattr(module, "length_head", None) is not None:
+            self._length_agents = int(module.num_agents)
         if self.batch_size is None:
             args = getattr(module, "args", None)
             self.batch_size = int(getattr(args, "reward_train_batch_size", 1))
@@ -189,7 +214,7 @@ class RewardPairDataModule(L.LightningDataModule):
 
     def _texts(self, pairs: Sequence[PreferencePair], split: str) -> _Texts:
         """Joint texts of winners and losers, after checking every pair (errors name split and index)."""
-        chosen, rejected = [], []
+        chosen, rejected, features = [], [], []
         n_long = 0
         checked: set[tuple[str, ...]] = set()
         for j, p in enumerate(pairs):
@@ -208,6 +233,12 @@ class RewardPairDataModule(L.LightningDataModule):
             # Both sides get n agents even when a record's lists differ in length (missing texts are "").
             chosen.append(joint_reward_text(p.prompts, _padded(p.winner_completions, n)))
             rejected.append(joint_reward_text(p.prompts, _padded(p.loser_completions, n)))
+            if self._length_agents is not None:
+                if n > self._length_agents:
+                    raise ValueError(f"{split} pair {j} has {n} agents; the length-aware reward model was built "
+                                     f"for num_agents={self._length_agents}.")
+                features.append((response_length_features(p.winner_completions, self._length_agents),
+                                 response_length_features(p.loser_completions, self._length_agents)))
         if self._resolved_max_length is not None:
             lengths = [len(ids) for ids in self.tokenizer(chosen + rejected)["input_ids"]]
             n_long = sum(n > self._resolved_max_length for n in lengths)
@@ -216,16 +247,20 @@ class RewardPairDataModule(L.LightningDataModule):
                 f"{n_long} of {2 * len(pairs)} {split} joint texts are longer than reward_max_length="
                 f"{self._resolved_max_length} tokens and are truncated."
             )
-        return _Texts(chosen, rejected)
+        return _Texts(chosen, rejected, features)
 
-    def collate(self, batch: list[tuple[int, str, str]]) -> dict[str, torch.Tensor]:
-        """``input_ids``, ``attention_mask`` ``[2B, T]`` (chosen rows, then rejected); ``pair_index`` ``[B]``.
+    def collate(self, batch: list[tuple]) -> dict[str, torch.Tensor]:
+        """``input_ids``, ``attention_mask`` ``[2B, T]`` (chosen rows, then rejected); ``pair_index`` ``[B]``;
+        for a length-aware reward head also ``length_features`` ``[2B, F]`` (F numbers per joint text, see
+        :func:`~comlrl_lightning.reward_model.response_length_features`).
 
         One tokenizer call over the 2B texts, so both sides share the padding width; scores do not depend
         on it (last-token pooling, position ids from the mask)."""
-        texts = [c for _, c, _ in batch] + [r for _, _, r in batch]
+        texts = [b[1] for b in batch] + [b[2] for b in batch]
         enc = encode_joint_texts(self.tokenizer, texts, self._resolved_max_length)
-        enc["pair_index"] = torch.tensor([i for i, _, _ in batch], dtype=torch.long)
+        enc["pair_index"] = torch.tensor([b[0] for b in batch], dtype=torch.long)
+        if batch and batch[0][3] is not None:
+            enc["length_features"] = torch.tensor([b[3][0] for b in batch] + [b[3][1] for b in batch])
         return enc
 
     def train_dataloader(self) -> DataLoader:

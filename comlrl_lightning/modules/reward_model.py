@@ -2,7 +2,11 @@
 
 The backbone is the base model of ``AutoModelForCausalLM`` (the LM head is dropped: only the last layer's
 hidden states are needed). The head is ``Linear(hidden_size, 1)`` with bias and PyTorch's default init, in
-the backbone's dtype. A row's reward is the head applied to the hidden state at its last non-padding token
+the backbone's dtype. With ``reward_length_features`` a second, bias-free ``Linear(F, 1)``
+(zero-initialised, so training starts from the plain model) reads each agent's response length
+(the F numbers of :func:`~comlrl_lightning.reward_model.response_length_features`) and its output is added
+(``"add"``) or is the reward (``"only"``). A row's reward is
+the head applied to the hidden state at its last non-padding token
 (:func:`~comlrl_lightning.reward_model.last_token_pool`), so left- and right-padded batches give the same
 scores. Position ids are derived from the attention mask when the backbone accepts them, so a text scores
 the same alone or padded in a batch, also for absolute-position backbones.
@@ -40,7 +44,9 @@ from comlrl_lightning.reward_model import (
     infer_hidden_size,
     joint_reward_text,
     last_token_pool,
+    num_length_features,
     resolve_max_length,
+    response_length_features,
 )
 
 
@@ -64,6 +70,8 @@ class JointRewardModel(L.LightningModule):
         lora: peft ``LoraConfig`` kwargs; the backbone gets a LoRA adapter and only adapter + head train.
         seed: when set, the head (and LoRA) init uses this seed, so two builds with the same seed are equal;
             None draws from the global torch RNG (``seed_everything``).
+        num_agents: responses per joint text; required with ``args.reward_length_features`` (the length head
+            reads ``num_length_features(num_agents)`` features).
 
     Metrics: ``train/reward_model/{loss,accuracy,margin}`` per step, and
     ``val/reward_model/{loss,accuracy,margin}`` per epoch when the datamodule has eval pairs.
@@ -77,6 +85,7 @@ class JointRewardModel(L.LightningModule):
         model_config: dict | None = None,
         lora: dict | None = None,
         seed: int | None = None,
+        num_agents: int | None = None,
     ):
         super().__init__()
         self.args = args if args is not None else RewardModelOptions()
@@ -95,6 +104,14 @@ class JointRewardModel(L.LightningModule):
                 "reward_freeze_backbone=True cannot be combined with lora: a frozen backbone trains only the "
                 "head, a LoRA backbone trains its adapter and the head. Drop one of the two."
             )
+        mode = self.args.reward_length_features
+        if mode != "off" and (isinstance(num_agents, bool) or not isinstance(num_agents, int) or num_agents < 1):
+            raise ValueError(
+                f"reward_length_features={mode!r} needs num_agents (responses per joint text, >= 1); got "
+                f"{num_agents!r}. Pass JointRewardModel(..., num_agents=N); the MARLHF trainers pass the number "
+                "of agents."
+            )
+        self.num_agents = num_agents
         if isinstance(source, str):
             save_redacted_hyperparameters(self, ignore=["tokenizer"])
         else:
@@ -109,10 +126,10 @@ class JointRewardModel(L.LightningModule):
                 raise ValueError("A tokenizer must be provided when the reward model is a model object.")
             tokenizer = load_tokenizer(source)
         self.tokenizer = prepare_tokenizer(tokenizer)
-        self.backbone, self.head = self._build(seed)
+        self.backbone, self.head, self.length_head = self._build(seed)
 
     # --- construction ------------------------------------------------------------------------------------
-    def _build(self, seed: int | None) -> tuple[nn.Module, nn.Linear]:
+    def _build(self, seed: int | None) -> tuple[nn.Module, nn.Linear, nn.Linear | None]:
         source = self._source[0]
         if isinstance(source, str):
             backbone = _base_model(load_model(source, self._model_config))
@@ -128,12 +145,18 @@ class JointRewardModel(L.LightningModule):
 
                 backbone = get_peft_model(backbone, LoraConfig(**self._lora))
             head = nn.Linear(hidden, 1)
+        length_head = None
+        if self.args.reward_length_features != "off":
+            length_head = nn.Linear(num_length_features(self.num_agents), 1, bias=False)
+            nn.init.zeros_(length_head.weight)
         if ref is not None:
             head = head.to(device=ref.device, dtype=ref.dtype)
-        if self.args.reward_freeze_backbone:
+            if length_head is not None:
+                length_head = length_head.to(device=ref.device, dtype=ref.dtype)
+        if self.args.reward_freeze_backbone or self.args.reward_length_features == "only":
             backbone.requires_grad_(False)
         backbone.train()
-        return backbone, head
+        return backbone, head, length_head
 
     def fresh(self, seed: int | None = None) -> JointRewardModel:
         """A brand-new model from the same source and options (new backbone, new head, no shared tensors).
@@ -143,7 +166,7 @@ class JointRewardModel(L.LightningModule):
         """
         return JointRewardModel(
             self._source[0], self.tokenizer, copy.deepcopy(self.args), copy.deepcopy(self._model_config),
-            copy.deepcopy(self._lora), self._seed if seed is None else seed,
+            copy.deepcopy(self._lora), self._seed if seed is None else seed, self.num_agents,
         ).to(self.device)
 
     def reinitialize(self, seed: int | None = None) -> None:
@@ -153,7 +176,7 @@ class JointRewardModel(L.LightningModule):
         """
         if self._trainer is not None and self.trainer.training:
             raise RuntimeError("reinitialize() cannot run inside Trainer.fit; call it between fits.")
-        self.backbone, self.head = self._build(self._seed if seed is None else seed)
+        self.backbone, self.head, self.length_head = self._build(self._seed if seed is None else seed)
         self.to(self.device)
 
     @property
@@ -174,15 +197,24 @@ class JointRewardModel(L.LightningModule):
         """Rewards of joint texts (tokenized here) or of a tokenized batch.
 
         Args:
-            batch: a list of B texts, or a dict with ``input_ids`` and ``attention_mask`` ``[B, T]``.
+            batch: a list of B texts, or a dict with ``input_ids`` and ``attention_mask`` ``[B, T]`` (and, for a
+                length-aware head, ``length_features`` ``[B, F]``).
 
         Returns:
             ``[B]`` rewards (with grad in training).
         """
         if isinstance(batch, str):
             raise TypeError("JointRewardModel expects a list of texts or a tokenized batch, not one string.")
+        if self.length_head is not None and not (isinstance(batch, dict) and "length_features" in batch):
+            raise ValueError(
+                f"reward_length_features={self.args.reward_length_features!r}: the head needs each agent's response, "
+                "so pass a tokenized batch with length_features (RewardPairDataModule builds them) or score joint "
+                "responses with score()."
+            )
         if not isinstance(batch, dict):
             batch = encode_joint_texts(self.tokenizer, list(batch), self.max_length)
+        if self.args.reward_length_features == "only":
+            return self._length_reward(batch["length_features"], batch["input_ids"].shape[0])
         input_ids = batch["input_ids"].to(self.device)
         mask = batch["attention_mask"].to(self.device)
         kwargs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": mask, "use_cache": False}
@@ -192,7 +224,20 @@ class JointRewardModel(L.LightningModule):
         with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
             out = self.backbone(**kwargs)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        return self.head(last_token_pool(hidden, mask)).squeeze(-1)
+        reward = self.head(last_token_pool(hidden, mask)).squeeze(-1)
+        if self.length_head is not None:
+            reward = reward + self._length_reward(batch["length_features"], reward.shape[0])
+        return reward
+
+    def _length_reward(self, feats: Tensor, rows: int) -> Tensor:
+        """``[B]`` output of the length head on ``feats`` ``[B, F]``."""
+        if feats.shape != (rows, self.length_head.in_features):
+            raise ValueError(
+                f"length_features has shape {tuple(feats.shape)}; this length-aware head expects "
+                f"[{rows}, {self.length_head.in_features}] (response_length_features for num_agents={self.num_agents})."
+            )
+        w = self.length_head.weight
+        return self.length_head(feats.to(device=w.device, dtype=w.dtype)).squeeze(-1)
 
     @torch.no_grad()
     def score(
@@ -217,7 +262,7 @@ class JointRewardModel(L.LightningModule):
             raise ValueError(f"batch_size must be >= 1; got {batch_size}.")
         max_length = self.max_length
         checked: set[tuple[str, ...]] = set()
-        texts = []
+        texts, feats = [], []
         for j, (prompts, comps) in enumerate(zip(prompts_per_pair, completions_per_pair)):
             if isinstance(prompts, str) or isinstance(comps, str):
                 raise TypeError(f"joint response {j}: prompts and completions must be lists (one per agent).")
@@ -227,12 +272,20 @@ class JointRewardModel(L.LightningModule):
                 check_prompt_part_fits(self.tokenizer, prompts, n, max_length, f"joint response {j}")
                 checked.add(key)
             texts.append(joint_reward_text(prompts, comps))
+            if self.length_head is not None:
+                if len(comps) > self.num_agents:
+                    raise ValueError(f"joint response {j} has {len(comps)} responses; this length-aware reward "
+                                     f"model was built for num_agents={self.num_agents}.")
+                feats.append(response_length_features(comps, self.num_agents))
         was_training = self.training
         self.eval()
         try:
             out: list[float] = []
             for start in range(0, len(texts), batch_size):
-                out.extend(self(texts[start:start + batch_size]).float().cpu().tolist())
+                batch = encode_joint_texts(self.tokenizer, texts[start:start + batch_size], max_length)
+                if feats:
+                    batch["length_features"] = torch.tensor(feats[start:start + batch_size])
+                out.extend(self(batch).float().cpu().tolist())
         finally:
             self.train(was_training)
         return out

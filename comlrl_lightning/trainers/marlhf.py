@@ -57,7 +57,8 @@ class MARLHFTrainer(TeamTrainer):
     ``formatters``, ``args`` (:class:`~comlrl_lightning.config.MARLHFConfig`); keyword-only
     ``metrics_callback``, ``critic_model`` and ``critics`` (maac/iac only). Ours: ``reward_model`` (a
     JointRewardModel template, e.g. over a model object; a fresh copy is trained), ``reward_val_fraction``
-    (hold out pairs to report the reward model's held-out accuracy), ``centralized_comparator_adapter`` (the
+    (default 0.1: hold out whole prompt sets of the pairs, keep the reward model's best epoch on them and log its
+    held-out accuracy, ``reward_model/val_accuracy``; 0 = train on every pair), ``centralized_comparator_adapter`` (the
     joint-text format of ``collaboration_mode="centralized"``), ``lora``, ``evaluation``, extra
     ``callbacks`` and ``trainer_kwargs``. With ``args.collaboration_mode="centralized"`` one learner writes every
     role in one joint text (as :class:`~comlrl_lightning.trainers.preference.MADPOTrainer`): the reward model
@@ -85,7 +86,7 @@ class MARLHFTrainer(TeamTrainer):
         critic_model: Any = None,
         critics: Sequence[Any] | None = None,
         reward_model: Any = None,
-        reward_val_fraction: float = 0.0,
+        reward_val_fraction: float = 0.1,
         lora: dict | None = None,
         evaluation: bool = True,
         callbacks: Sequence[L.Callback] = (),

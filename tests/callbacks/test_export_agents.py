@@ -25,3 +25,20 @@ def test_learned_reward_model_is_exported_to_the_run_folder(tiny_model_dir, tmp_
     again.head.load_state_dict(head)
     texts = ["a joint answer"]
     assert torch.allclose(again(texts), reward_model(texts), atol=1e-5)
+
+
+def test_length_aware_head_is_exported_with_num_agents(tiny_model_dir, tmp_path):
+    import json
+
+    from comlrl_lightning.callbacks.export import save_reward_model
+    from comlrl_lightning.modules.reward_model import JointRewardModel
+    from comlrl_lightning.reward_model import RewardModelOptions
+
+    model = JointRewardModel(tiny_model_dir, args=RewardModelOptions(reward_length_features="add"), num_agents=2)
+    with torch.no_grad():
+        model.length_head.weight.fill_(0.5)
+    folder = save_reward_model(model, tmp_path / "rm")
+    saved = torch.load(folder / "length_head.pt")
+    assert torch.equal(saved["weight"], model.length_head.weight.detach())
+    meta = json.loads((folder / "reward_model.json").read_text())
+    assert meta["num_agents"] == 2 and meta["options"]["reward_length_features"] == "add"

@@ -412,3 +412,31 @@ def test_cli_configs_run(name, tmp_path, monkeypatch, capsys):
     # the fitted reward model and the agents are exported into the run's folder
     run = files[0].parent
     assert (run / "reward_model" / "head.pt").is_file() and (run / "agents" / "agent_1" / "README.md").is_file()
+
+
+def test_reward_model_val_accuracy_is_logged_every_round(tiny_model_dir, tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    args = iter_args(reward_model_name=str(tiny_model_dir), reward_num_train_epochs=2)
+    tr = make(tiny_model_dir, args, iterative=True, n_items=4, root=tmp_path)
+    tr.trainer.loggers[:] = [CSVLogger(str(tmp_path), name="csv")]
+    tr.train()
+    assert [h["reward_model/fits"] for h in tr.reward_fit.history] == [1, 2]
+    for h in tr.reward_fit.history:  # the default reward_val_fraction (0.1) holds out pairs at every fit
+        assert 0.0 <= h["reward_model/val_accuracy"] <= 1.0
+    rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
+    assert sum(bool(r.get("reward_model/val_accuracy")) for r in rows) == 2
+
+
+def test_kept_reward_model_is_the_best_epoch_on_held_out_pairs():
+    from comlrl_lightning.callbacks.learned_reward import _KeepBestValAccuracy
+
+    model = torch.nn.Linear(1, 1)
+    trainer = type("T", (), {"sanity_checking": False, "callback_metrics": {}})()
+    keep = _KeepBestValAccuracy()
+    for acc, w in ((0.5, 1.0), (0.75, 2.0), (0.6, 3.0)):
+        torch.nn.init.constant_(model.weight, w)
+        trainer.callback_metrics = {"val/reward_model/accuracy": torch.tensor(acc)}
+        keep.on_validation_epoch_end(trainer, model)
+    keep.on_fit_end(trainer, model)
+    assert keep.best == 0.75 and model.weight.item() == 2.0

@@ -25,6 +25,7 @@ from comlrl_lightning.reward_model import (
     joint_reward_text,
     last_token_pool,
     prompt_part_length,
+    response_length_features,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,6 +188,18 @@ def test_logged_metric_names_with_and_without_eval_pairs(tiny_model_dir):
     assert {"val/reward_model/loss", "val/reward_model/accuracy", "val/reward_model/margin"} <= set(
         trainer.callback_metrics)
     assert trainer.global_step == 2  # reward_train_batch_size=4 from args: 6 pairs -> 2 steps
+
+
+def test_val_fraction_holds_out_whole_prompt_sets():
+    # Pairs of one prompt share its few candidates: held-out pairs must not share prompts with train pairs.
+    pairs = [PreferencePair([f"Topic: {t}.", f"Topic: {t}!"], [f"w{t}{j}", "x"], [f"l{t}", "y"], 1.0, 0.0, 0.5)
+             for t in range(10) for j in range(4)]
+    dm = RewardPairDataModule(pairs, val_fraction=0.2, seed=3)
+    assert (len(dm.train_pairs), len(dm.eval_pairs)) == (32, 8)
+    assert not {tuple(p.prompts) for p in dm.train_pairs} & {tuple(p.prompts) for p in dm.eval_pairs}
+    one_prompt = [PreferencePair(["a", "b"], [f"w{j}", "x"], ["l", "y"], 1.0, 0.0, 0.5) for j in range(4)]
+    dm = RewardPairDataModule(one_prompt, val_fraction=0.25)
+    assert (len(dm.train_pairs), len(dm.eval_pairs)) == (3, 1)  # a single prompt set: single pairs
 
 
 # --- fresh model per round ----------------------------------------------------------------------------------
@@ -391,3 +404,42 @@ def test_tiny_config_fits_pairs_from_a_jsonl_file(tmp_path, monkeypatch):
     assert rows
     header = rows[0].read_text().splitlines()[0].split(",")
     assert {"train/reward_model/loss", "val/reward_model/accuracy"} <= set(header)
+
+
+# --- length-aware head (reward_length_features) ---------------------------------------------------------------
+
+def test_response_length_features_by_hand():
+    # "ab " strips to 2 characters, "abcd" has 4; None and a missing third agent are empty
+    x, y = math.log(3), math.log(5)
+    assert response_length_features(["ab ", None], 3) == pytest.approx([x, x * x, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0])
+    assert response_length_features(["ab ", "abcd"], 2) == pytest.approx([x, x * x, 0, y, y * y, 0, x * y])
+
+
+def test_length_features_option_is_checked(tiny_model_dir, tok):
+    with pytest.raises(ValueError, match="reward_length_features must be one of off, add, only") as e:
+        opts(reward_length_features="yes")
+    assert "'yes'" in str(e.value)
+    with pytest.raises(ValueError, match="needs num_agents"):
+        JointRewardModel(tiny_model_dir, tokenizer=tok, args=opts(reward_length_features="add"))
+    model = JointRewardModel(tiny_model_dir, tokenizer=tok, args=opts(reward_length_features="add"), num_agents=2)
+    with pytest.raises(ValueError, match="pass a tokenized batch with length_features"):
+        model(["Joint multi-agent response"])
+
+
+@pytest.mark.parametrize("mode", ["add", "only"])
+def test_length_head_starts_at_zero_and_learns_longer_answer_wins(tiny_model_dir, tok, mode):
+    pairs = length_preference_pairs(48, seed=4)
+    held_out = length_preference_pairs(16, seed=5)
+    plain = JointRewardModel(tiny_model_dir, tokenizer=tok, seed=0)
+    model = JointRewardModel(tiny_model_dir, tokenizer=tok, seed=0, num_agents=2,
+                             args=opts(reward_length_features=mode, reward_learning_rate=0.1, reward_num_train_epochs=2,
+                                       reward_train_batch_size=16))
+    prompts, wins = [p.prompts for p in held_out], [p.winner_completions for p in held_out]
+    # zero-initialised length head: "add" scores like the plain model with the same seed, "only" gives 0
+    expected = plain.score(prompts, wins) if mode == "add" else [0.0] * len(wins)
+    assert model.score(prompts, wins) == pytest.approx(expected, abs=1e-5)
+    metrics = fit_reward_model(model, pairs, held_out, trainer_kwargs=cpu_trainer_kwargs())
+    assert metrics["val/reward_model/accuracy"] >= 0.9
+    longer = [[f"{c} {c}" for c in p.winner_completions] for p in held_out]
+    assert sum(a > b for a, b in zip(model.score(prompts, longer), model.score(prompts, wins))) >= 12
+    assert model.score(prompts, wins) != pytest.approx(expected, abs=1e-3)
