@@ -40,7 +40,6 @@ from torch import nn
 
 from comlrl_lightning.config import IACConfig, MAACConfig
 from comlrl_lightning.devices import device_of, resolve_devices
-from comlrl_lightning.distributed import rank_seed, world
 from comlrl_lightning.engines import engine_of
 from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
 from comlrl_lightning.generation import SamplingStream
@@ -118,12 +117,11 @@ class ActorCriticModule(TeamModuleBase):
             from comlrl_lightning.reference import ReferencePolicies
 
             self.reference = ReferencePolicies(self.team, a.reference_devices)
-        self.streams = [SamplingStream(a.seed * 1_000_003 + 7919 * i + 17) for i in range(n)]
+        self.streams = self.rollout_streams(a.seed)
         self._rng = random.Random(a.seed)
         self.buffers: list[list[EpisodeSample]] = [[] for _ in range(n)]
         self.num_drains = 0
         self._last_logged_env_step: int | None = None
-        self._rank_seeded = False
         self.last_rollouts: list[EpisodeSample] = []
         self.formatters: list[Callable] | None = None
         self.oracle: Any = None
@@ -143,12 +141,9 @@ class ActorCriticModule(TeamModuleBase):
         self.formatters, self.oracle, self.external_transition = list(formatters), oracle, external_transition
 
     def setup(self, stage: str) -> None:
-        rank = world(self._trainer)[0] if self._trainer is not None else 0
-        if rank > 0 and not self._rank_seeded:  # each rank its own rollout streams (docs/scaling.md)
-            seed = rank_seed(self.args.seed, rank)
-            self.streams = [SamplingStream(seed * 1_000_003 + 7919 * i + 17) for i in range(self.team.num_agents)]
-            self._rng = random.Random(seed)
-        self._rank_seeded = True
+        seed = self.rank_rollout_seed()
+        if seed is not None:  # each rank its own rollout streams (docs/scaling.md)
+            self.streams, self._rng = self.rollout_streams(seed), random.Random(seed)
         dm = getattr(self.trainer, "datamodule", None)
         if dm is None or not hasattr(dm, "oracle") or not hasattr(dm, "formatters"):
             raise ValueError(f"{self.method} needs a task data module with `formatters` and `oracle` "
@@ -447,9 +442,7 @@ class ActorCriticModule(TeamModuleBase):
 
     # --- checkpoint and export ----------------------------------------------------------------------------
     def progress_state(self) -> dict[str, Any]:
-        return {**super().progress_state(), "num_drains": self.num_drains,
-                "buffers": [[s.as_dict() for s in b] for b in self.buffers],
-                "streams": [s.state_dict() for s in self.streams], "shuffle_rng": self._rng.getstate()}
+        return {**super().progress_state(), "num_drains": self.num_drains, **self.rank_state()}
 
     def load_progress_state(self, state: dict[str, Any]) -> None:
         super().load_progress_state(state)
@@ -458,16 +451,12 @@ class ActorCriticModule(TeamModuleBase):
 
     def rank_state(self) -> dict[str, Any]:
         return {"buffers": [[s.as_dict() for s in b] for b in self.buffers],
-                "streams": [s.state_dict() for s in self.streams], "shuffle_rng": self._rng.getstate()}
+                **self.random_state(self.streams, self._rng)}
 
     def load_rank_state(self, state: dict[str, Any]) -> None:
         if "buffers" in state:
             self.buffers = [[EpisodeSample.from_dict(s) for s in b] for b in state["buffers"]]
-        for s, stream_state in zip(self.streams, state.get("streams", [])):
-            s.load_state_dict(stream_state)
-        if "shuffle_rng" in state:
-            version, internal, gauss = state["shuffle_rng"]
-            self._rng.setstate((version, tuple(internal), gauss))
+        self.load_random_state(state, self.streams, self._rng)
 
     def save_agents(self, output_dir: str) -> list[str]:
         """``output_dir/agent_{i}/`` per agent (+ ``value_head.pt`` or ``critic/``); MAAC: ``output_dir/critic/``."""

@@ -27,6 +27,7 @@ optimizer step of every agent (and of every critic).
 from __future__ import annotations
 
 import inspect
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,11 +40,11 @@ from comlrl_lightning.agents import AgentTeam, build_agents
 from comlrl_lightning.config.secrets import redact_secrets
 from comlrl_lightning.data.tasks import PREDICT_REFUSED
 from comlrl_lightning.devices import common_device, resolve_devices
-from comlrl_lightning.distributed import gather_objects, per_rank_entry, world
+from comlrl_lightning.distributed import gather_objects, per_rank_entry, rank_seed, world
 from comlrl_lightning.engines import build_engine
 from comlrl_lightning.evaluation import evaluate_team
 from comlrl_lightning.files import state_digest
-from comlrl_lightning.generation import SamplingSettings
+from comlrl_lightning.generation import SamplingSettings, SamplingStream
 
 
 def save_redacted_hyperparameters(module: L.LightningModule, ignore: Sequence[str] = (), frame: Any = None) -> None:
@@ -322,6 +323,33 @@ class TeamModuleBase(L.LightningModule):
 
     def load_rank_state(self, state: dict[str, Any]) -> None:
         """Restore this rank's entry of :meth:`rank_state` (applied after :meth:`load_progress_state`)."""
+
+    # --- rollout randomness (the MAGRPO family and IAC/MAAC) ---------------------------------------------------
+    def rollout_streams(self, seed: int) -> list[SamplingStream]:
+        """One rollout stream per agent, agent i's seeded ``seed * 1_000_003 + 7919 * i + 17``."""
+        return [SamplingStream(seed * 1_000_003 + 7919 * i + 17) for i in range(self.team.num_agents)]
+
+    def rank_rollout_seed(self) -> int | None:
+        """At the first ``setup`` on rank r > 0: ``rank_seed(args.seed, r)``, the seed of that rank's rollout
+        streams and shuffling (docs/scaling.md); None on rank 0 and at every later call."""
+        first = not getattr(self, "_rank_seeded", False)
+        self._rank_seeded = True
+        rank = world(self._trainer)[0] if self._trainer is not None else 0
+        return rank_seed(self.args.seed, rank) if first and rank > 0 else None
+
+    @staticmethod
+    def random_state(streams: Sequence[SamplingStream], rng: random.Random) -> dict[str, Any]:
+        """The state of rollout ``streams`` and a shuffling ``rng`` (for :meth:`rank_state`)."""
+        return {"streams": [s.state_dict() for s in streams], "shuffle_rng": list(rng.getstate())}
+
+    @staticmethod
+    def load_random_state(state: dict[str, Any], streams: Sequence[SamplingStream], rng: random.Random) -> None:
+        """Restore what :meth:`random_state` saved (keys absent from ``state`` are left as they are)."""
+        for s, stream_state in zip(streams, state.get("streams", [])):
+            s.load_state_dict(stream_state)
+        if "shuffle_rng" in state:
+            version, internal, gauss = state["shuffle_rng"]
+            rng.setstate((version, tuple(internal), gauss))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["comlrl_progress"] = self.progress_state()

@@ -35,7 +35,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.config import MAGRPOConfig
 from comlrl_lightning.data.tasks import format_prompts
-from comlrl_lightning.distributed import rank_seed, world
+from comlrl_lightning.distributed import world
 from comlrl_lightning.engines import SampleRequest, engine_of
 from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
 from comlrl_lightning.generation import Samples, SamplingStream
@@ -84,20 +84,16 @@ class MAGRPOModule(TeamModuleBase):
         self.reference = (ReferencePolicies(self.team, self.args.reference_devices)
                           if self.args.reference_kl_enabled else None)
         n = self.team.num_agents
-        self.streams = [SamplingStream(self.args.seed * 1_000_003 + 7919 * i + 17) for i in range(n)]
+        self.streams = self.rollout_streams(self.args.seed)
         self.shuffle_rng = random.Random(self.args.seed)
         self.buffers: list[list[NodeSample]] = [[] for _ in range(n)]
         self.optimizer_steps = 0
         self._last_logged_step: int | None = None
-        self._rank_seeded = False
 
     def setup(self, stage: str) -> None:
-        rank = world(self._trainer)[0] if self._trainer is not None else 0
-        if rank > 0 and not self._rank_seeded:  # each rank its own rollout streams (docs/scaling.md)
-            seed = rank_seed(self.args.seed, rank)
-            self.streams = [SamplingStream(seed * 1_000_003 + 7919 * i + 17) for i in range(self.team.num_agents)]
-            self.shuffle_rng = random.Random(seed)
-        self._rank_seeded = True
+        seed = self.rank_rollout_seed()
+        if seed is not None:  # each rank its own rollout streams (docs/scaling.md)
+            self.streams, self.shuffle_rng = self.rollout_streams(seed), random.Random(seed)
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if dm is None:
             return
@@ -406,14 +402,10 @@ class MAGRPOModule(TeamModuleBase):
         self.load_rank_state(state)
 
     def rank_state(self) -> dict[str, Any]:
-        return {"streams": [s.state_dict() for s in self.streams], "shuffle_rng": list(self.shuffle_rng.getstate())}
+        return self.random_state(self.streams, self.shuffle_rng)
 
     def load_rank_state(self, state: dict[str, Any]) -> None:
-        for s, stream_state in zip(self.streams, state.get("streams", [])):
-            s.load_state_dict(stream_state)
-        if "shuffle_rng" in state:
-            version, internal, gauss = state["shuffle_rng"]
-            self.shuffle_rng.setstate((version, tuple(internal), gauss))
+        self.load_random_state(state, self.streams, self.shuffle_rng)
 
 
 def check_transition(args: Any, transition: Any, algorithm: str = "MAGRPO") -> None:
