@@ -39,7 +39,7 @@ from torch import nn
 from comlrl_lightning.agents import AgentTeam, build_agents
 from comlrl_lightning.config.secrets import redact_secrets
 from comlrl_lightning.data.tasks import PREDICT_REFUSED
-from comlrl_lightning.devices import common_device, resolve_devices
+from comlrl_lightning.devices import common_device, device_of, resolve_devices
 from comlrl_lightning.distributed import gather_objects, per_rank_entry, rank_seed, world
 from comlrl_lightning.engines import build_engine
 from comlrl_lightning.evaluation import evaluate_team
@@ -239,9 +239,8 @@ class TeamModuleBase(L.LightningModule):
             module.to(device)
 
     def agent_device(self, i: int) -> torch.device:
-        """The device of agent i's trainable parameters (the module's device when it has none)."""
-        params = self.team.parameters_of(i)
-        return params[0].device if params else self.device
+        """The device of agent i's model (the module's device when it has no parameters)."""
+        return device_of(self.team.models[i], self.device)
 
     # --- the generation engine (docs/engines.md) -----------------------------------------------------------
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
