@@ -38,7 +38,24 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--margin", type=float, default=0.3, help="gain a run must exceed to pass (default 0.3)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--json", default=None, help="append one JSON line per run to this file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="OPTION=VALUE",
+                   help="override a config option of every recipe run, e.g. --set reference_kl_coef=0.05 "
+                        "(VALUE is read as JSON when it parses, else as a string); repeatable")
     return p.parse_args(argv)
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """``["a=1", "b=true", "c=x"]`` -> ``{"a": 1, "b": True, "c": "x"}`` (JSON values, else strings)."""
+    out = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set expects OPTION=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
 
 
 def summarize(runs: list[dict], margin: float) -> dict:
@@ -65,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     torch.set_num_threads(args.threads)
+    overrides = parse_overrides(args.overrides)
     seeds = args.seed_list if args.seed_list is not None else list(range(args.seeds))
     start = time.perf_counter()
     rows = []
@@ -73,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         for family in args.families:
             runs = []
             for seed in seeds:
-                r = run_recipe(family, model_dir, seed, str(Path(tmp) / f"{family}_{seed}"))
+                r = run_recipe(family, model_dir, seed, str(Path(tmp) / f"{family}_{seed}"), **overrides)
                 r.pop("reward_fits", None) if not args.json else None
                 runs.append(r)
                 print(f"{family:13s} seed {seed:2d}: before {r['before']:.3f} after {r['after']:.3f} "

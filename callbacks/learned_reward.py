@@ -38,7 +38,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from comlrl_lightning.distributed import world
-from comlrl_lightning.learned_reward import LearnedRewardOracle
+from comlrl_lightning.learned_reward import LearnedRewardOracle, support_clip_bound
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.protocols import RoundData, TaskSource, TeamModule, check_protocol
 from comlrl_lightning.rounds import check_round_setup, next_round_at_epoch_end
@@ -94,6 +94,7 @@ class _RewardModelFitting(L.Callback):
         self.fits = 0
         self.history: list[dict] = []
         self.current: Any = None  # the fitted JointRewardModel in use
+        self.clip_max: float | None = None  # the current model's RL-reward bound (reward_clip_quantile)
 
     def _setup(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         check_protocol(pl_module, TeamModule, type(self).__name__, "module", "MARLHFModule or MARLHFActorCriticModule")
@@ -159,6 +160,9 @@ class _RewardModelFitting(L.Callback):
         out.update({"reward_model/num_pairs": len(pairs), "reward_model/fits": self.fits})
         if best.best is not None:  # held-out accuracy of the weights kept (the best epoch)
             out["reward_model/val_accuracy"] = best.best
+        self.clip_max = self._clip_bound(pl_module, model, pairs)
+        if self.clip_max is not None:
+            out["reward_model/clip_max"] = self.clip_max
         self.history.append(out)
         log_metrics(trainer, out)
         acc = out.get("train/reward_model/accuracy")
@@ -167,6 +171,20 @@ class _RewardModelFitting(L.Callback):
                        + (f", held-out accuracy {out['reward_model/val_accuracy']:.3f} (best epoch kept)"
                           if "reward_model/val_accuracy" in out else "") + ".")
         return model
+
+    @staticmethod
+    def _clip_bound(pl_module: L.LightningModule, model: Any, pairs: list) -> float | None:
+        """``reward_clip_quantile`` of the fitted model's scores on both sides of its pairs (None: no clip)."""
+        q = getattr(pl_module.args, "reward_clip_quantile", None)
+        if q is None:
+            return None
+        prompts = [list(p.prompts) for p in pairs] * 2
+        texts = [list(p.winner_completions) for p in pairs] + [list(p.loser_completions) for p in pairs]
+        return support_clip_bound(model.score(prompts, texts), q)
+
+    def oracle(self, model: Any, formatters: Any) -> LearnedRewardOracle:
+        """The RL / scoring oracle of a model this callback fitted (clipped at :attr:`clip_max` when set)."""
+        return LearnedRewardOracle(model, formatters, clip_max=self.clip_max)
 
     def state_dict(self) -> dict:
         return {"fits": self.fits, "history": [dict(h) for h in self.history]}
@@ -251,7 +269,7 @@ class LearnedRewardFit(_RewardModelFitting):
             pl_module.use_train_oracle(None)
             trainer.should_stop = True
             return
-        pl_module.use_train_oracle(LearnedRewardOracle(model, dm.formatters))
+        pl_module.use_train_oracle(self.oracle(model, dm.formatters))
 
 
 class IterativeRewardModelFit(_RewardModelFitting):
@@ -299,7 +317,7 @@ class IterativeRewardModelFit(_RewardModelFitting):
                 dm.use_preference_oracle(None)
             return
         self.round_models.append(model if self.keep_round_models else id(model))
-        oracle = LearnedRewardOracle(model, dm.formatters)
+        oracle = self.oracle(model, dm.formatters)
         pl_module.use_train_oracle(oracle)
         dm.use_preference_oracle(oracle if scoring else None)
 

@@ -24,6 +24,26 @@ from typing import Any
 from comlrl_lightning.rewards import RewardError
 
 
+def support_clip_bound(scores: Sequence[float], quantile: float) -> float:
+    """Upper clip bound of a learned reward: the ``quantile`` of the scores it gave its own training data.
+
+    With ``s_(1) <= ... <= s_(n)`` the sorted scores and ``h = quantile · (n − 1)``, the bound is
+    ``s_(⌊h⌋+1) + (h − ⌊h⌋) · (s_(⌊h⌋+2) − s_(⌊h⌋+1))`` (linear interpolation between order statistics, numpy's
+    default quantile); ``quantile = 1`` gives the largest score. The RL reward is then ``min(r(x), bound)``:
+    past the responses the reward model was fitted on it extrapolates, and clipping there leaves the policy no
+    gain for moving further out (docs/preference.md §8.5).
+    """
+    if not 0.0 < quantile <= 1.0:
+        raise ValueError(f"quantile must be in (0, 1]; got {quantile!r}.")
+    values = sorted(float(v) for v in scores)
+    if not values:
+        raise ValueError("support_clip_bound needs at least one score.")
+    h = quantile * (len(values) - 1)
+    lo = math.floor(h)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (h - lo) * (values[hi] - values[lo])
+
+
 class LearnedRewardOracle:
     """Score joint responses with a (fitted) :class:`~comlrl_lightning.modules.reward_model.JointRewardModel`.
 
@@ -31,18 +51,21 @@ class LearnedRewardOracle:
         reward_model: anything with ``score(prompts_per_pair, completions_per_pair) -> list[float]``.
         formatters: one prompt function per agent; None uses the prompts given to :meth:`score`.
         batch_size: joint texts per reward-model forward.
+        clip_max: upper bound of the returned scores (``reward_clip_quantile``, see :func:`support_clip_bound`);
+            None returns the model's scores unchanged (upstream).
     """
 
     reward_processor = None
 
     def __init__(self, reward_model: Any, formatters: Sequence[Callable[[dict], str]] | None = None,
-                 batch_size: int = 16):
+                 batch_size: int = 16, clip_max: float | None = None):
         if not callable(getattr(reward_model, "score", None)):
             raise TypeError(f"reward_model must have score(prompts_per_pair, completions_per_pair); got "
                             f"{type(reward_model).__name__}.")
         self.reward_model = reward_model
         self.formatters = list(formatters) if formatters is not None else None
         self.batch_size = batch_size
+        self.clip_max = None if clip_max is None else float(clip_max)
         self.reward_func = self._reward_func
 
     def prompts_for(self, item: dict | None, prompts: Sequence[str] | None, num_agents: int) -> list[str]:
@@ -62,6 +85,8 @@ class LearnedRewardOracle:
         for v in values:
             if not math.isfinite(v):
                 raise RewardError(f"the reward model returned {v} on {where}; rewards must be finite numbers.")
+        if self.clip_max is not None:
+            return [min(float(v), self.clip_max) for v in values]
         return [float(v) for v in values]
 
     def score(self, prompts: Sequence[str], completions: Sequence[str], item: dict, item_index: Any

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from comlrl_lightning.config.actor_critic import IACConfig, MAACConfig
-from comlrl_lightning.config.checks import _bad, _normalize_choice
+from comlrl_lightning.config.checks import _bad, _normalize_choice, is_number
 from comlrl_lightning.config.critic import (
     CriticOptions,
     ValueHeadOptions,
@@ -74,6 +74,9 @@ class RewardModelFields:
     """Train only the reward model's scalar head."""
     reward_length_features: str = "off"
     """Ours: length-aware reward head, "off", "add" or "only" (docs/preference.md §8.2)."""
+    reward_clip_quantile: float | None = None
+    """Ours: the RL reward is min(r, b), b = this quantile of the scores the fitted reward model gives the responses
+    of its own training pairs (docs/preference.md §8.5); None = no clip (upstream). In (0, 1]."""
 
 
 @dataclass
@@ -123,6 +126,10 @@ class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardMo
             raise _bad("reward_model_name must be provided when agent models are objects.", self.reward_model_name,
                        "a hub id, a local folder or 'embedded:tiny' (a string), or null")
         self.reward_model_options()  # validates every reward_* option (same messages as RewardModelOptions)
+        q = self.reward_clip_quantile
+        if q is not None and (not is_number(q) or not 0 < q <= 1):
+            raise _bad("reward_clip_quantile must be in (0, 1] or null.", q,
+                       "numbers in (0, 1], e.g. 0.95, or null (no clip)")
         if self.reward_model_device is not None:
             import torch
 

@@ -242,6 +242,60 @@ def test_train_oracle_replaces_the_task_reward_in_magrpo_training_only(tiny_mode
     assert tr.trainer.callback_metrics["turn_1/reward_mean"] <= 0  # the stub's scale, not the task's
 
 
+# --- reward_clip_quantile (docs/preference.md §8.5) ----------------------------------------------------------
+
+
+def test_support_clip_bound_is_the_interpolated_quantile():
+    from comlrl_lightning.learned_reward import support_clip_bound
+
+    scores = [4.0, 1.0, 3.0, 2.0, 10.0]  # sorted 1, 2, 3, 4, 10
+    assert support_clip_bound(scores, 1.0) == 10.0
+    assert support_clip_bound(scores, 0.5) == 3.0  # h = 2: the third order statistic
+    assert support_clip_bound(scores, 0.9) == pytest.approx(4.0 + 0.6 * 6.0)  # h = 3.6 -> 4 + 0.6 (10 - 4)
+    assert support_clip_bound([7.0], 0.3) == 7.0
+    for bad in (0.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="quantile must be in"):
+            support_clip_bound(scores, bad)
+
+
+def test_clipped_oracle_caps_scores_in_both_call_styles():
+    item = load_task_items("builtin:cooperative")[0]
+    oracle = LearnedRewardOracle(StubRewardModel(), FORMATTERS, clip_max=-5.0)
+    assert oracle.score([], ["ab", "c"], item, 0) == (-5.0, -5.0)  # stub: -3, capped at -5
+    assert oracle.reward_func(["ab", "a long one"], ["c", "x"], batch_items=[item]) == [-5.0, -11.0]
+    assert LearnedRewardOracle(StubRewardModel(), FORMATTERS).score([], ["ab", "c"], item, 0) == (-3.0, -3.0)
+
+
+def test_fit_sets_the_clip_bound_from_the_fitted_models_scores_of_its_pairs(tiny_model_dir):
+    from comlrl_lightning.callbacks import LearnedRewardFit
+    from comlrl_lightning.learned_reward import support_clip_bound
+    from comlrl_lightning.modules.marlhf import MARLHFModule
+
+    pairs = [PreferencePair(["p1", "p2"], ["short", "a much longer elaboration"], ["a long answer here", "x"], 1.0, 0.0, 0.5),
+             PreferencePair(["p1", "p2"], ["tiny", "words words words words"], ["words", "w"], 1.0, 0.0, 0.5)]
+    for q, expect_clip in ((None, False), (0.75, True)):
+        module = MARLHFModule(agent_model=str(tiny_model_dir),
+                              args=marlhf_args(reward_model_name=str(tiny_model_dir), reward_clip_quantile=q,
+                                               reward_length_features="only"))
+        cb = LearnedRewardFit(val_fraction=0)
+        model = cb.fit(L.Trainer(**cpu_trainer_kwargs()), module, pairs, seed=0)
+        if not expect_clip:
+            assert cb.clip_max is None and cb.oracle(model, FORMATTERS).clip_max is None
+            continue
+        scores = model.score([p.prompts for p in pairs] * 2, [p.winner_completions for p in pairs]
+                             + [p.loser_completions for p in pairs])
+        assert cb.clip_max == pytest.approx(support_clip_bound(scores, 0.75))
+        assert min(scores) < cb.clip_max < max(scores)
+        assert cb.history[-1]["reward_model/clip_max"] == cb.clip_max
+        assert cb.oracle(model, FORMATTERS).clip_max == cb.clip_max
+
+
+@pytest.mark.parametrize("bad", [0, 1.2, -1, "high", float("nan"), True])
+def test_reward_clip_quantile_out_of_range_is_a_clear_error(bad):
+    with pytest.raises(ValueError, match=r"reward_clip_quantile must be in \(0, 1\] or null"):
+        marlhf_args(reward_clip_quantile=bad)
+
+
 # --- offline MARLHF ---------------------------------------------------------------------------------------
 
 

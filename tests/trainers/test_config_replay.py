@@ -1,6 +1,6 @@
 """``fit --config <the run's saved config.yaml>`` reproduces the run, for every config under configs/.
 
-Each config runs a short fit (2 batches, 4 new tokens); its saved ``config.yaml`` is then fed back to ``fit`` in
+Each config runs a short fit (1 batch, 4 new tokens); its saved ``config.yaml`` is then fed back to ``fit`` in
 another folder, and both runs' ``metrics.csv`` must be identical, row for row. MADPO's two configs are replayed
 by ``test_cli_user_day.py`` (the default job and the iterative run past round 0)."""
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ALL = sorted(str(p.relative_to(ROOT / "configs")) for p in (ROOT / "configs").rglob("*.yaml"))
 ELSEWHERE = {"madpo/tiny.yaml", "madpo/iterative_tiny.yaml"}  # test_cli_user_day.py
 SHORT = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.max_epochs=1",
-         "--trainer.limit_train_batches=2"]
+         "--trainer.limit_train_batches=1"]
 SMALL_ARGS = {"max_new_tokens": 4, "eval_num_samples": 1}
 SMALL_PREFERENCES = {"preference_num_candidates": 4, "preference_pairs_per_sample": 2, "reward_num_train_epochs": 1}
 
