@@ -155,8 +155,9 @@ def uses_own_generator(model: Any, settings: SamplingSettings) -> bool:
 class StreamSampler:
     """A logits processor that draws the next token from ``generator``: ``p = softmax(warp(scores))`` with HF's
     sampling warpers in HF's order (temperature, top-k, top-p, from ``gen_kwargs``), ``token ~ multinomial(p,
-    generator)``. It returns scores that are 0 at the drawn token and -inf elsewhere, so HF's own draw (and its
-    warpers, which keep a lone finite score) can only pick that token. ``scores``: ``[rows, vocab]``."""
+    generator)``. It returns scores that are 0 at the drawn token and -inf elsewhere, so HF's own draw can only
+    pick that token (HF's warpers are switched off, :data:`_NEUTRAL`; ``output_scores`` would show these one-hot
+    rows). ``scores``: ``[rows, vocab]``, float32 as HF passes them."""
 
     def __init__(self, gen_kwargs: dict, generator: torch.Generator):
         from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
