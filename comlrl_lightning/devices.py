@@ -5,6 +5,7 @@ A device spec is None (follow the Lightning accelerator), one device string (eve
 :func:`missing_device` finds a device this machine does not have (``cuda:3`` on a 2-GPU machine, any ``cuda``
 without CUDA, ``mps`` without Metal); the configs refuse it at construction, naming the option. The placement itself is
 :meth:`~comlrl_lightning.modules.base.TeamModuleBase.place_members` (docs/architecture.md, "Devices").
+:func:`overlap_groups` decides which agents' generation calls run at the same time (option ``agent_overlap``).
 """
 
 from __future__ import annotations
@@ -70,3 +71,42 @@ def device_of(module: torch.nn.Module, default: torch.device | str = "cpu") -> t
     for p in module.parameters():
         return p.device
     return torch.device(default)
+
+
+AGENT_OVERLAP_MODES = ("auto", "on", "off")
+
+
+def normalize_agent_overlap(value: Any) -> str:
+    """``agent_overlap`` as one of :data:`AGENT_OVERLAP_MODES`: None means "auto", True "on", False "off" (YAML reads
+    a bare ``on``/``off`` as a boolean); strings are stripped and lowercased. Anything else is a ``ValueError``."""
+    if value is None:
+        return "auto"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    key = value.strip().lower() if isinstance(value, str) else None
+    if key not in AGENT_OVERLAP_MODES:
+        raise ValueError(f"agent_overlap must be one of: auto, on, off. Got {value!r}. Allowed: auto (overlap when "
+                         "the agents sit on >= 2 distinct devices), on (always, one worker per distinct model), off "
+                         "(agent after agent); true/false mean on/off.")
+    return key
+
+
+def overlap_groups(devices: Sequence[torch.device], models: Sequence[Any], mode: str) -> list[list[int]]:
+    """Indices of the agents' calls grouped into workers that run at the same time; within a group, one after
+    another in index order. ``devices[i]``/``models[i]``: the device and model object of call i.
+
+    "off": one group. "auto": one group per distinct device, if there are >= 2 of them (else one group). "on": one
+    group per distinct model object (calls on one model, e.g. LoRA adapters of one base, never run at once).
+    """
+    if mode == "off":
+        keys: list[Any] = [0] * len(devices)
+    elif mode == "auto":
+        keys = [str(d) for d in devices]
+    elif mode == "on":
+        keys = [id(m) for m in models]
+    else:
+        raise ValueError(f"overlap mode must be one of {AGENT_OVERLAP_MODES}. Got {mode!r}.")
+    groups: dict[Any, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())

@@ -4,15 +4,24 @@
 ``generate`` once per chunk with ``num_return_sequences`` candidates per prompt, and returns per item and
 candidate the completion token ids trimmed at the first pad token, their length and the decoded text.
 
-Reproducibility: HF ``generate`` draws from torch's global RNG. Each :class:`SamplingStream` owns a
-``torch.Generator``; a call draws a seed from it, and sampling runs inside ``torch.random.fork_rng`` seeded
-with that value, so streams (agents, comparator, evaluation) never disturb each other or the global RNG.
+Reproducibility: each :class:`SamplingStream` owns a ``torch.Generator``; every ``generate`` call draws a seed
+from it. HF ``generate`` itself samples from torch's *global* RNG, which threads share, so the next token is drawn
+by :class:`StreamSampler`, a logits processor that applies the sampling warpers (temperature, top-k, top-p, as HF
+would), draws from a generator of its own seeded with that value, and leaves HF only the drawn token to pick.
+The draws equal those of seeding the global RNG with the same value (:func:`sample_completions` with
+``own_generator=False``, the former path; a test checks it), and calls of different agents can run in threads at
+the same time (docs/architecture.md, "Devices"). Settings the sampler does not reproduce (beam sampling,
+``min_p``, ``typical_p``, ... in ``SamplingSettings.extra`` or the model's generation config,
+:func:`uses_own_generator`) fall back to the seeded global RNG. Either way the global RNG is left as it was
+(:func:`global_rng_kept`), so streams (agents, comparator, evaluation) never disturb each other or it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +121,130 @@ def _device_of(model: torch.nn.Module) -> torch.device:
         return torch.device("cpu")
 
 
+#: Generation settings under which :class:`StreamSampler` would not draw what HF draws (HF adds these warpers or
+#: decoding modes after the user's logits processors): with any of them active, sampling uses the global RNG.
+_GLOBAL_RNG_SETTINGS = {
+    "num_beams": lambda v: v is not None and v > 1,
+    "top_h": lambda v: v is not None,
+    "min_p": lambda v: v is not None,
+    "typical_p": lambda v: v is not None and v < 1.0,
+    "epsilon_cutoff": lambda v: v is not None and 0.0 < v < 1.0,
+    "eta_cutoff": lambda v: v is not None and 0.0 < v < 1.0,
+    "watermarking_config": lambda v: v is not None,
+    "renormalize_logits": lambda v: v is True,
+    "generation_config": lambda v: v is not None,
+    "assistant_model": lambda v: v is not None,
+    "prompt_lookup_num_tokens": lambda v: v is not None,
+    "custom_generate": lambda v: v is not None,
+}
+
+
+def uses_own_generator(model: Any, settings: SamplingSettings) -> bool:
+    """True when :func:`sample_completions` draws ``model``'s tokens with :class:`StreamSampler` (its own
+    generator, safe in threads); False when a setting of ``settings.extra`` or of the model's generation config
+    (:data:`_GLOBAL_RNG_SETTINGS`) needs HF's own sampling from the seeded global RNG."""
+    cfg = getattr(model, "generation_config", None)
+    for key, active in _GLOBAL_RNG_SETTINGS.items():
+        default = 1 if key == "num_beams" else getattr(cfg, key, None)  # generate_kwargs sets num_beams=1
+        value = settings.extra[key] if key in settings.extra else default
+        if active(value):
+            return False
+    return True
+
+
+class StreamSampler:
+    """A logits processor that draws the next token from ``generator``: ``p = softmax(warp(scores))`` with HF's
+    sampling warpers in HF's order (temperature, top-k, top-p, from ``gen_kwargs``), ``token ~ multinomial(p,
+    generator)``. It returns scores that are 0 at the drawn token and -inf elsewhere, so HF's own draw can only
+    pick that token (HF's warpers are switched off, :data:`_NEUTRAL`; ``output_scores`` would show these one-hot
+    rows). ``scores``: ``[rows, vocab]``, float32 as HF passes them."""
+
+    def __init__(self, gen_kwargs: dict, generator: torch.Generator):
+        from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        temperature, top_k, top_p = gen_kwargs.get("temperature"), gen_kwargs.get("top_k"), gen_kwargs.get("top_p")
+        self.warpers: list[Any] = []
+        if temperature is not None and temperature != 1.0:
+            self.warpers.append(TemperatureLogitsWarper(temperature))
+        if top_k is not None and top_k != 0:
+            self.warpers.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
+        if top_p is not None and top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
+        self.generator = generator
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        warped = scores
+        for warper in self.warpers:
+            warped = warper(input_ids, warped)
+        token = torch.multinomial(torch.softmax(warped, dim=-1), num_samples=1, generator=self.generator)
+        return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
+
+
+#: With :class:`StreamSampler` drawing, HF's warpers would only filter a one-hot score row again: skip them.
+_NEUTRAL = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+
+_RNG_LOCK = threading.Lock()
+_RNG_KEPT: dict[str, list] = {}  # device -> [users, saved state]
+
+
+def _rng_state(key: str) -> torch.Tensor:
+    return torch.get_rng_state() if key == "cpu" else torch.cuda.get_rng_state(key)
+
+
+def _set_rng_state(key: str, state: torch.Tensor) -> None:
+    if key == "cpu":
+        torch.set_rng_state(state)
+    else:
+        torch.cuda.set_rng_state(state, key)
+
+
+@contextlib.contextmanager
+def global_rng_kept(device: torch.device) -> Iterator[None]:
+    """The global RNG of the CPU (and of ``device`` when it is a CUDA device) is restored when the last of the
+    calls using it at the same time leaves (``torch.random.fork_rng`` saves and restores per call, which calls
+    running in threads at once would interleave)."""
+    keys = ["cpu"] + ([str(torch.device("cuda", device.index or 0))] if device.type == "cuda" else [])
+    with _RNG_LOCK:
+        for key in keys:
+            entry = _RNG_KEPT.setdefault(key, [0, None])
+            if entry[0] == 0:
+                entry[1] = _rng_state(key)
+            entry[0] += 1
+    try:
+        yield
+    finally:
+        with _RNG_LOCK:
+            for key in keys:
+                entry = _RNG_KEPT[key]
+                entry[0] -= 1
+                if entry[0] == 0:
+                    _set_rng_state(key, entry[1])
+                    del _RNG_KEPT[key]
+
+
+#: Tokenizers keep state (padding side, the Rust backend's padding settings) that calls in threads would share.
+_TOKENIZER_LOCK = threading.RLock()
+
+
+def generate_kwargs(settings: SamplingSettings, num_candidates: int, pad_id: int | None,
+                    eos_id: int | None) -> dict:
+    """The keywords of every ``generate`` call: sampling with ``settings`` (``top_k=None`` becomes 0, i.e. off),
+    one beam, ``num_candidates`` sequences per prompt, then ``settings.extra`` (``do_sample`` stays True)."""
+    kwargs = dict(do_sample=True, temperature=settings.temperature, top_p=settings.top_p, num_beams=1,
+                  num_return_sequences=num_candidates, max_new_tokens=settings.max_new_tokens, pad_token_id=pad_id,
+                  eos_token_id=eos_id, top_k=0 if settings.top_k is None else settings.top_k)
+    kwargs.update({k: v for k, v in settings.extra.items() if k != "do_sample"})
+    return kwargs
+
+
+def _seed_global(device: torch.device, seed: int) -> None:
+    """Seed the global RNG that HF's draw uses on ``device`` (the CPU's, or that CUDA device's)."""
+    if device.type == "cuda":
+        torch.cuda.default_generators[device.index or 0].manual_seed(seed)
+    else:
+        torch.random.default_generator.manual_seed(seed)
+
+
 @torch.no_grad()
 def sample_completions(
     model: torch.nn.Module,
@@ -121,6 +254,7 @@ def sample_completions(
     settings: SamplingSettings,
     stream: SamplingStream,
     max_batch_rows: int = 256,
+    own_generator: bool | None = None,
 ) -> Samples:
     """Sample ``num_candidates`` completions for each prompt, batched across prompts.
 
@@ -129,57 +263,58 @@ def sample_completions(
     its previous mode restored. A prompt longer than the model's context minus ``max_new_tokens``
     (:func:`context_limit`) is cut to its last tokens with a warning (:func:`truncate_prompt_ids`); the
     returned ``prompt_ids`` are the ids actually used.
+
+    Each ``generate`` call (``max_batch_rows`` rows at most) takes one seed from ``stream``. ``own_generator``
+    (default :func:`uses_own_generator`): draw tokens with :class:`StreamSampler` from a generator seeded with it,
+    which calls in other threads cannot disturb; False: seed the global RNG with it and let HF draw (the same
+    tokens; not safe while another thread samples). Calls for different models may run in threads at once (the
+    tokenizer is used under a lock).
     """
     if num_candidates < 1:
         raise ValueError(f"num_candidates must be >= 1. Got {num_candidates}.")
     pad_id = tokenizer.pad_token_id
     eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else pad_id
     device = _device_of(model)
-    prompt_ids, truncated = encode_prompts(model, tokenizer, prompts, settings.max_new_tokens)
-    completion_ids: list[list[list[int]]] = []
-    texts: list[list[str]] = []
+    own = uses_own_generator(model, settings) if own_generator is None else own_generator
     per_chunk = max(1, max_batch_rows // num_candidates)
+    with _TOKENIZER_LOCK:
+        prompt_ids, truncated = encode_prompts(model, tokenizer, prompts, settings.max_new_tokens)
+        old_side = tokenizer.padding_side
+        tokenizer.padding_side = "left"
+        try:
+            if truncated:  # pad the (cut) ids themselves
+                encs = [tokenizer.pad({"input_ids": prompt_ids[i:i + per_chunk]}, padding=True, return_tensors="pt")
+                        for i in range(0, len(prompts), per_chunk)]
+            else:
+                encs = [tokenizer(list(prompts[i:i + per_chunk]), return_tensors="pt", padding=True,
+                                  add_special_tokens=True) for i in range(0, len(prompts), per_chunk)]
+        finally:
+            tokenizer.padding_side = old_side
+    gen_kwargs = generate_kwargs(settings, num_candidates, pad_id, eos_id)
+    user_processors = list(gen_kwargs.pop("logits_processor", None) or [])
+    generated: list[list[int]] = []
     was_training = model.training
     model.eval()
-    old_side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
     try:
-        for start in range(0, len(prompts), per_chunk):
-            chunk = list(prompts[start:start + per_chunk])
-            if truncated:  # pad the (cut) ids themselves
-                enc = tokenizer.pad({"input_ids": prompt_ids[start:start + per_chunk]}, padding=True,
-                                    return_tensors="pt").to(device)
-            else:
-                enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=True).to(device)
-            gen_kwargs = dict(
-                do_sample=True,
-                temperature=settings.temperature,
-                top_p=settings.top_p,
-                num_beams=1,
-                num_return_sequences=num_candidates,
-                max_new_tokens=settings.max_new_tokens,
-                pad_token_id=pad_id,
-                eos_token_id=eos_id,
-            )
-            if settings.top_k is not None:
-                gen_kwargs["top_k"] = settings.top_k
-            else:
-                gen_kwargs["top_k"] = 0
-            gen_kwargs.update({k: v for k, v in settings.extra.items() if k != "do_sample"})
-            devices = [device] if device.type == "cuda" else []
-            with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(stream.next_seed())
-                out = model.generate(**enc, **gen_kwargs)
-            gen = out[:, enc["input_ids"].shape[1]:].tolist()
-            for p in range(len(chunk)):
-                rows, row_texts = [], []
-                for c in range(num_candidates):
-                    ids = cut_at_pad(gen[p * num_candidates + c], pad_id)
-                    rows.append(ids)
-                    row_texts.append(tokenizer.decode(ids, skip_special_tokens=True))
-                completion_ids.append(rows)
-                texts.append(row_texts)
+        with global_rng_kept(device):
+            for enc in encs:
+                enc = enc.to(device)
+                seed = stream.next_seed()
+                if own:
+                    from transformers import LogitsProcessorList
+
+                    sampler = StreamSampler(gen_kwargs, torch.Generator(device=device).manual_seed(seed))
+                    out = model.generate(**enc, **{**gen_kwargs, **_NEUTRAL},
+                                         logits_processor=LogitsProcessorList([*user_processors, sampler]))
+                else:
+                    _seed_global(device, seed)
+                    extra = {"logits_processor": user_processors} if user_processors else {}
+                    out = model.generate(**enc, **gen_kwargs, **extra)
+                generated += out[:, enc["input_ids"].shape[1]:].tolist()
     finally:
-        tokenizer.padding_side = old_side
         model.train(was_training)
+    completion_ids = [[cut_at_pad(generated[p * num_candidates + c], pad_id) for c in range(num_candidates)]
+                      for p in range(len(prompts))]
+    with _TOKENIZER_LOCK:
+        texts = [[tokenizer.decode(ids, skip_special_tokens=True) for ids in rows] for rows in completion_ids]
     return Samples(prompt_ids=prompt_ids, completion_ids=completion_ids, texts=texts)

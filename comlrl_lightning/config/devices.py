@@ -1,5 +1,5 @@
-"""Device options of the agents: ``parallel_training`` and ``agent_devices`` (devices default to the Lightning
-accelerator in use)."""
+"""Device options of the agents: ``parallel_training``, ``agent_devices`` (devices default to the Lightning
+accelerator in use) and ``agent_overlap``."""
 
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ class DeviceOptions:
     agent_devices: Any = None
     """Device spec of the agents: None (the Lightning accelerator), a string, or a list of length 1 or N;
     required with parallel_training="mp"."""
+    agent_overlap: Any = "auto"
+    """Whether the agents' generation calls of one level run at the same time, in threads (HF engine;
+    docs/architecture.md, "Devices"): "auto" (when the agents sit on >= 2 distinct devices, e.g. "mp" with
+    distinct ``agent_devices``: one thread per device), "on" (always: one thread per distinct model, even on one
+    device), "off" (agent after agent). Results are identical either way for a fixed seed. true/false = on/off."""
 
 
 def device_count(spec: Any) -> int | None:
@@ -29,7 +34,10 @@ def device_count(spec: Any) -> int | None:
 
 
 def normalize_parallel_training(cfg: Any) -> None:
-    """``parallel_training``: lowercased, "null" → "none", only none/mp; "mp" needs ``agent_devices``."""
+    """``parallel_training``: lowercased, "null" → "none", only none/mp; "mp" needs ``agent_devices``.
+    ``agent_overlap``: auto/on/off (:func:`~comlrl_lightning.devices.normalize_agent_overlap`)."""
+    from comlrl_lightning.devices import normalize_agent_overlap
+
     pt = "none" if cfg.parallel_training is None else str(cfg.parallel_training).strip().lower()
     pt = "none" if pt == "null" else pt
     if pt not in ("none", "mp"):
@@ -38,6 +46,7 @@ def normalize_parallel_training(cfg: Any) -> None:
         raise _bad("parallel_training='mp' requires explicit agent_devices.", cfg.agent_devices,
                    "a device string or a list of length 1 or num_agents")
     cfg.parallel_training = pt
+    cfg.agent_overlap = normalize_agent_overlap(cfg.agent_overlap)
     if pt == "mp":
         check_devices_exist(cfg, "agent_devices")
 

@@ -28,11 +28,12 @@ def require_vllm() -> None:
                           f"Install it with {VLLM_INSTALL_HINT}, or set generation_backend='hf'.")
 
 
-def build_engine(team: Any, backend: str = "hf", vllm_kwargs: dict | None = None) -> Any:
-    """The engine of ``backend`` ("hf" or "vllm") for ``team``. The vLLM engine starts on its first call."""
+def build_engine(team: Any, backend: str = "hf", vllm_kwargs: dict | None = None, agent_overlap: Any = "auto") -> Any:
+    """The engine of ``backend`` ("hf" or "vllm") for ``team``. The vLLM engine starts on its first call;
+    ``agent_overlap`` (auto/on/off) is the HF engine's (vLLM serves a whole level in one call)."""
     key = str(backend).strip().lower() if isinstance(backend, str) else backend
     if key == "hf":
-        return HFEngine(team)
+        return HFEngine(team, overlap=agent_overlap)
     if key == "vllm":
         require_vllm()
         from comlrl_lightning.engines.vllm import VLLMEngine

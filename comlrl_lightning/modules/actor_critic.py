@@ -40,7 +40,7 @@ from torch import nn
 
 from comlrl_lightning.config import IACConfig, MAACConfig
 from comlrl_lightning.devices import device_of, resolve_devices
-from comlrl_lightning.engines import engine_of
+from comlrl_lightning.engines import SampleRequest, engine_of
 from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
 from comlrl_lightning.generation import SamplingStream
 from comlrl_lightning.logging_utils import log_metrics
@@ -258,6 +258,11 @@ class ActorCriticModule(TeamModuleBase):
             out = engine_of(self.team).sample(j, prompts, k, settings, self.streams[j])
             return list(zip(out.prompt_ids, out.completion_ids, out.texts))
 
+        def sample_team(t: int, prompts: list[list[str]]):  # one engine call per turn for every agent
+            requests = [SampleRequest(j, p, k, self.streams[j]) for j, p in enumerate(prompts)]
+            return [list(zip(o.prompt_ids, o.completion_ids, o.texts))
+                    for o in engine_of(self.team).sample_many(requests, settings)]
+
         def transition(e: int, previous: list[str], p_hist: list, r_hist: list, t: int) -> list[str]:
             index, item = entries[e]
             external = call_transition(self.external_transition, item.get("prompt", ""), previous, n, p_hist, r_hist,
@@ -277,7 +282,8 @@ class ActorCriticModule(TeamModuleBase):
             reward=reward, values=lambda turn: self._turn_values(turn), discount=a.discount, transition=transition,
             kls=(lambda turn: self._turn_kls(turn)) if self.reference is not None else None,
             kl_coef=a.reference_kl_coef, critic_ids=critic_ids if self.is_maac else None,
-            early_termination_threshold=a.early_termination_threshold, items=[index for index, _ in entries])
+            early_termination_threshold=a.early_termination_threshold, items=[index for index, _ in entries],
+            sample_team_level=sample_team)
 
     def _kl_coef(self) -> float | None:
         return self.args.reference_kl_coef if self.reference is not None else None

@@ -10,7 +10,8 @@
 * progress counters ``env_step`` and ``updates_seen``, saved in the checkpoint under ``comlrl_progress``
   (plain types: checkpoints are loaded ``weights_only``); subclasses extend :meth:`progress_state`;
 * agent export (:meth:`save_agents`): ``output_dir/agent_{i}/`` per agent;
-* the generation engine of ``args.generation_backend`` (``team.engine``, docs/engines.md): told after every agent
+* the generation engine of ``args.generation_backend`` (``team.engine``, docs/engines.md; the HF engine with
+  ``args.agent_overlap``, docs/architecture.md "Devices"): told after every agent
   optimizer step that the agent's weights changed (the engine applies it before its next generation) and after a
   checkpoint restore; a non-HF engine is closed at the end of fit/validate/test, on exceptions and on Ctrl-C;
 * ``validate`` / ``test`` (``comlrl-lightning validate --config X``): the data module's ``eval_items`` (its
@@ -132,9 +133,9 @@ class TeamModuleBase(L.LightningModule):
         if n != self.args.num_agents:
             raise ValueError(f"args.num_agents={self.args.num_agents} but {n} agents were given. Set num_agents={n}.")
         self.models = nn.ModuleList(self.team.unique_models())
-        backend = getattr(self.args, "generation_backend", "hf")
-        if backend != "hf":  # the HF engine is made on first use (engines.engine_of)
-            self.team.engine = build_engine(self.team, backend, getattr(self.args, "vllm_kwargs", None))
+        self.team.engine = build_engine(self.team, getattr(self.args, "generation_backend", "hf"),
+                                        getattr(self.args, "vllm_kwargs", None),
+                                        getattr(self.args, "agent_overlap", "auto"))
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
         self.env_step = 0

@@ -230,11 +230,15 @@ def run_episodes(
     critic_ids: Callable[[list[str], list[str]], list[int]] | None = None,
     early_termination_threshold: float | None = None,
     items: Sequence[Any] | None = None,
+    sample_team_level: Callable[[int, list[list[str]]], list[list[tuple[list[int], list[list[int]], list[str]]]]]
+    | None = None,
 ) -> list[list[EpisodeSample]]:
     """Roll out several episodes in lockstep; per episode, its samples as :func:`run_episode` returns them.
 
     Each turn, the prompts of every episode still running are sampled by one ``sample_level(agent, t,
-    prompts)`` call per agent (one ``(prompt_ids, K completion_ids, K texts)`` per prompt, in order), and
+    prompts)`` call per agent (one ``(prompt_ids, K completion_ids, K texts)`` per prompt, in order), or by one
+    ``sample_team_level(t, prompts per agent)`` call for all agents when given (one engine call for the level,
+    whose agents may then generate at the same time: docs/architecture.md, "Devices"), and
     ``values``/``kls`` are called once on the turn's samples of all those episodes (``[agent][episode-major
     generation]``); rewards, transitions (``reward(e, ...)``, ``transition(e, ...)``: ``e`` indexes
     ``prompts``), early termination, targets and returns stay per episode.
@@ -257,9 +261,11 @@ def run_episodes(
         for e in running:
             for j in range(n):
                 p_hist[e][j].append(current[e][j])
+        asked = [[current[e][j] for e in running] for j in range(n)]
+        together = sample_team_level(t, asked) if sample_team_level is not None else None
         draws = []
         for j in range(n):
-            out = list(sample_level(j, t, [current[e][j] for e in running]))
+            out = list(together[j] if together is not None else sample_level(j, t, asked[j]))
             if len(out) != len(running):
                 raise ValueError(f"sample_level returned {len(out)} draws for agent {j}; expected {len(running)}.")
             draws.append(out)

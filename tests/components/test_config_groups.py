@@ -30,7 +30,7 @@ SHARED_BAD = [
     ("num_train_epochs", 0, {}), ("num_train_epochs", True, {}), ("agent_learning_rate", 0.0, {}),
     ("agent_learning_rate", float("nan"), {}), ("logging_steps", 0, {}), ("num_agents", 0, {}),
     ("parallel_training", "ddp", {}), ("agent_devices", ["cpu"] * 3, {"parallel_training": "mp", "critic_devices": "cpu"}),
-    ("agent_devices", [], {}), ("max_new_tokens", 0, {}), ("temperature", 0.0, {}), ("top_p", 1.5, {}),
+    ("agent_devices", [], {}), ("agent_overlap", "sometimes", {}), ("max_new_tokens", 0, {}), ("temperature", 0.0, {}), ("top_p", 1.5, {}),
     ("top_k", 0, {}), ("generation_backend", "tpu", {}), ("vllm_kwargs", ["enforce_eager"], {}), ("num_turns", 0, {}), ("discount", 1.5, {}), ("early_termination_threshold", "high", {}),
     ("eval_interval", -1, {}), ("eval_num_samples", -1, {}), ("eval_batch_size", 0, {}),
     ("rollout_buffer_size", 0, {}), ("train_batch_size", 0, {}), ("train_batch_size", 1.5, {}),

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from comlrl_lightning.generation import SamplingSettings, SamplingStream, sample_completions
+from comlrl_lightning.generation import SamplingSettings, SamplingStream, sample_completions, uses_own_generator
 
 PROMPTS = ["Topic: rivers.", "Topic: bread, cheese and apples.", "Topic: chess."]
 # Temperature 1, no top-k / top-p cut: every token stays possible, so different seeds differ.
@@ -71,9 +71,19 @@ def test_one_generate_call_per_chunk(model_and_tok, monkeypatch):
     sample_completions(model, tok, PROMPTS, 4, SETTINGS, SamplingStream(0))
     assert len(spy.calls) == 1 and spy.calls[0]["kwargs"]["input_ids"].shape[0] == 3
 
+    # The draw is StreamSampler's (the last logits processor, with the warpers); HF's own warpers are off.
     spy.calls.clear()
-    sample_completions(model, tok, PROMPTS, 2, SamplingSettings(max_new_tokens=3, top_k=7), SamplingStream(0))
-    assert spy.calls[0]["kwargs"]["top_k"] == 7
+    top_k7 = SamplingSettings(max_new_tokens=3, top_k=7)
+    sample_completions(model, tok, PROMPTS, 2, top_k7, SamplingStream(0))
+    kw = spy.calls[0]["kwargs"]
+    sampler = kw["logits_processor"][-1]
+    assert [type(w).__name__ for w in sampler.warpers] == ["TemperatureLogitsWarper", "TopKLogitsWarper",
+                                                           "TopPLogitsWarper"]
+    assert sampler.warpers[1].top_k == 7 and (kw["top_k"], kw["temperature"], kw["top_p"]) == (0, 1.0, 1.0)
+    # The global-RNG path hands the settings to HF.
+    spy.calls.clear()
+    sample_completions(model, tok, PROMPTS, 2, top_k7, SamplingStream(0), own_generator=False)
+    assert spy.calls[0]["kwargs"]["top_k"] == 7 and "logits_processor" not in spy.calls[0]["kwargs"]
 
 
 def test_completion_ids_follow_the_raw_rows(model_and_tok, monkeypatch):
@@ -115,6 +125,28 @@ def test_seeded_streams(model_and_tok):
     replay.load_state_dict(state)
     again = sample_completions(model, tok, PROMPTS, 4, SETTINGS, replay)
     assert again.completion_ids == second.completion_ids
+
+
+@pytest.mark.parametrize("settings", [SETTINGS, SamplingSettings(max_new_tokens=8),
+                                      SamplingSettings(max_new_tokens=8, temperature=0.9, top_p=0.95, top_k=20,
+                                                       extra={"repetition_penalty": 1.3})],
+                         ids=["plain", "defaults", "penalty"])
+def test_own_generator_draws_what_hf_draws_from_the_seeded_global_rng(model_and_tok, settings):
+    """StreamSampler (a generator per call, safe in threads) gives the tokens HF's own draw from the global RNG
+    seeded with the same stream value gives: moving the draw changed no result."""
+    model, tok = model_and_tok
+    for seed in range(3):
+        own = sample_completions(model, tok, PROMPTS, 4, settings, SamplingStream(seed), own_generator=True)
+        hf = sample_completions(model, tok, PROMPTS, 4, settings, SamplingStream(seed), own_generator=False)
+        assert own == hf
+
+
+def test_settings_the_sampler_cannot_reproduce_use_the_global_rng(model_and_tok):
+    model, tok = model_and_tok
+    assert uses_own_generator(model, SETTINGS)
+    for extra in ({"min_p": 0.1}, {"num_beams": 2}, {"typical_p": 0.5}, {"renormalize_logits": True}):
+        assert not uses_own_generator(model, SamplingSettings(extra=extra)), extra
+    assert uses_own_generator(model, SamplingSettings(extra={"typical_p": 1.0, "repetition_penalty": 1.2}))
 
 
 def test_global_rng_untouched(model_and_tok):

@@ -34,3 +34,27 @@ def test_iac_critics_follow_critic_devices(tiny_model_dir):
                     args=IACConfig(num_generations=2, num_train_epochs=1, critic_devices=["cuda:1", "cuda:0"], **TINY))
     tr.train()
     assert [next(c.parameters()).device for c in tr.module.critics] == [torch.device("cuda:1"), torch.device("cuda:0")]
+
+
+def test_agents_on_two_gpus_generate_at_the_same_time_with_the_sequential_results(tiny_model_dir):
+    """agent_overlap="auto" with agents on cuda:0 and cuda:1: one worker per GPU, the level equals the
+    sequential one, and the own-generator draw equals HF's draw from the seeded CUDA RNG."""
+    from comlrl_lightning.agents import build_agents
+    from comlrl_lightning.engines import HFEngine, SampleRequest
+    from comlrl_lightning.generation import SamplingSettings, SamplingStream, sample_completions
+
+    team = build_agents(tiny_model_dir, num_agents=2)
+    for i, model in enumerate(team.models):
+        model.to(f"cuda:{i}")
+    settings = SamplingSettings(max_new_tokens=8, temperature=1.0, top_p=0.9, top_k=20)
+    prompts = ["Topic: rivers.", "Topic: chess."]
+
+    def requests():
+        return [SampleRequest(a, prompts, 3, SamplingStream(40 + a)) for a in range(2)]
+
+    auto = HFEngine(team)
+    assert auto.workers(requests(), settings) == [[0], [1]]
+    assert auto.sample_many(requests(), settings) == HFEngine(team, overlap="off").sample_many(requests(), settings)
+    model, tok = team.models[1], team.tokenizers[1]
+    own = sample_completions(model, tok, prompts, 3, settings, SamplingStream(5), own_generator=True)
+    assert own == sample_completions(model, tok, prompts, 3, settings, SamplingStream(5), own_generator=False)

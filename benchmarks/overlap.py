@@ -1,0 +1,147 @@
+"""One tree level of generation for two agents: one after another (``agent_overlap="off"``) against at the same
+time in two threads (``agent_overlap="on"``), measured in the same run (docs/architecture.md, "Devices").
+
+Run ``python benchmarks/overlap.py [--quick] [--models tiny,30m] [--threads 1]``.
+
+Models (random weights except the tiny one, built in a temporary folder; 2 full-model agents, each its own copy,
+both on the CPU):
+
+  tiny  the embedded default (``build_tiny_model``): Qwen2, 2 layers, hidden 64, 0.16 M parameters;
+  30m   ``benchmarks/engine.py``'s 30m: Qwen2, 10 layers, hidden 512, 8 heads / 4 KV heads, 31.8 M parameters.
+
+Workload per repetition: ``HFEngine.sample_many`` with one request per agent, ``--prompts`` prompts (the nodes
+of a level) x ``--candidates`` samples, ``--tokens`` new tokens (``min_new_tokens`` forces the full length, so
+both variants generate the same number of tokens). The variants alternate, one call each per repetition, after
+one warm-up call each; the same stream seeds every time, and the samples of both variants are compared (they
+must be identical). On a CPU the two agents share one device, so ``auto`` would not overlap them: "on" forces
+one thread per model, which is what distinct devices get under ``auto``.
+
+Printed per model: the median ms per level of each variant, the ratio off/on (> 1: overlap is faster), whether
+the samples were identical, and the load average before and after; then the torch intra-op threads seen inside
+a worker and the *ceiling*: two loops of plain single-threaded matmuls (64x512 @ 512x1536, the 30m model's MLP
+shape) one after another against in two threads, i.e. what two threads can gain on this machine at that moment.
+With ``--threads 1`` each agent's generation is single-threaded, so with >= 2 idle cores the ideal ratio is 2x;
+the other jobs of a shared machine take cores away from it (the ceiling shows how many), and the Python part of
+HF's decoding loop holds the GIL, so a tiny model whose step is mostly Python gains less than a larger one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+from comlrl_lightning.agents import build_agents
+from comlrl_lightning.engines import HFEngine, SampleRequest
+from comlrl_lightning.generation import SamplingSettings, SamplingStream
+from comlrl_lightning.tiny import build_tiny_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine import build_model  # noqa: E402  (the same 30m model)
+
+TOPICS = ("rivers", "bread", "trains", "music", "maps", "clouds", "glass", "birds")
+
+
+def level(engine: HFEngine, prompts: list[str], args: argparse.Namespace) -> tuple[float, list]:
+    settings = SamplingSettings(max_new_tokens=args.tokens, temperature=1.0, top_p=1.0, top_k=None,
+                                extra={"min_new_tokens": args.tokens})
+    requests = [SampleRequest(a, prompts, args.candidates, SamplingStream(100 + a)) for a in range(2)]
+    t0 = time.perf_counter()
+    out = engine.sample_many(requests, settings)
+    return time.perf_counter() - t0, out
+
+
+def worker_threads() -> int:
+    """torch's intra-op threads as a freshly started thread sees them (what a pool worker runs with)."""
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    return seen[0]
+
+
+def bench(model_dir: str, args: argparse.Namespace) -> dict:
+    team = build_agents(model_dir, num_agents=2)
+    engines = {"off": HFEngine(team, overlap="off"), "on": HFEngine(team, overlap="on")}
+    prompts = [f"Topic: {TOPICS[i % len(TOPICS)]}. Write one line." for i in range(args.prompts)]
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    outs: dict[str, list] = {}
+    load_before = os.getloadavg()[0]
+    for rep in range(1 + args.reps):
+        for name, engine in engines.items():
+            seconds, out = level(engine, prompts, args)
+            if rep:  # the first repetition warms up
+                times[name].append(seconds)
+            outs.setdefault(name, out)
+            if out != outs[name]:
+                raise AssertionError(f"{name}: the same seeds gave different samples")
+    return {"off": statistics.median(times["off"]), "on": statistics.median(times["on"]),
+            "identical": outs["off"] == outs["on"], "load": (load_before, os.getloadavg()[0])}
+
+
+def ceiling(reps: int = 3, loops: int = 400) -> float:
+    """Median ratio (sequential / two threads) of two loops of single-threaded matmuls."""
+    x, w = torch.randn(64, 512), torch.randn(512, 1536)
+
+    def work() -> None:
+        for _ in range(loops):
+            x @ w
+
+    ratios = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        work()
+        work()
+        t1 = time.perf_counter()
+        threads = [threading.Thread(target=work) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        ratios.append((t1 - t0) / (time.perf_counter() - t1))
+    return statistics.median(ratios)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 repetitions, tiny model only")
+    parser.add_argument("--models", default=None, help="comma-separated: tiny, 30m (default both; --quick: tiny)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--reps", type=int, default=None, help="timed repetitions per variant (default 7)")
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per agent (nodes of the level)")
+    parser.add_argument("--candidates", type=int, default=4, help="samples per prompt (K)")
+    parser.add_argument("--tokens", type=int, default=32, help="new tokens per sample")
+    args = parser.parse_args(argv)
+    args.reps = args.reps if args.reps is not None else (3 if args.quick else 7)
+    models = (args.models or ("tiny" if args.quick else "tiny,30m")).split(",")
+    torch.set_num_threads(args.threads)
+    transformers.utils.logging.disable_progress_bar()
+    t_start = time.perf_counter()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="overlap_bench_") as tmp:
+        for name in models:
+            folder = Path(tmp) / name
+            model_dir = build_tiny_model(folder / "tiny") if name == "tiny" else build_model(name, folder)
+            rows.append((name, bench(model_dir, args)))
+    print(f"\nOne level, 2 agents x {args.prompts} prompts x K={args.candidates} x {args.tokens} tokens, torch "
+          f"{torch.__version__}, threads={torch.get_num_threads()} (in a worker: {worker_threads()}), "
+          f"{os.cpu_count()} CPUs, {args.reps} reps")
+    print(f"{'model':<7}{'off ms':>9}{'on ms':>9}{'off/on':>8}  identical  load before/after")
+    for name, r in rows:
+        print(f"{name:<7}{1e3 * r['off']:>9.1f}{1e3 * r['on']:>9.1f}{r['off'] / r['on']:>7.2f}x  "
+              f"{str(r['identical']):<9}  {r['load'][0]:.2f} / {r['load'][1]:.2f}")
+    print(f"ceiling (plain matmuls, sequential/2 threads): {ceiling():.2f}x, load {os.getloadavg()[0]:.2f}")
+    print(f"total {time.perf_counter() - t_start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
