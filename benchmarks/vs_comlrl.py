@@ -34,13 +34,16 @@ per item (MAGRPO: CoMLRL calls ``generate`` once per agent per tree node, 10 per
 per tree level, 4 per item; same 40 samples). What cannot be matched and is left as each library does it:
 
 * scoring: CoMLRL scores one row per forward; its MADPO runs the two-pass formulation (a no-grad pass for
-  the other agents' margins, then a graded pass per agent), ours one forward per agent and one backward of
-  the joint loss (the same gradient, docs/preference.md §7.1), so CoMLRL's MADPO scores twice the rows.
+  the other agents' margins, then a graded pass per agent), ours one forward per agent per batch and one
+  backward of the joint loss (the same gradient, docs/preference.md §7.1), so CoMLRL's MADPO scores twice the rows.
   CoMLRL's MAGRPO scores the whole ``max_new_tokens`` completion, padding after EOS included; ours stops at
-  the first EOS (docs/decisions.md, decision 4), so its token positions can be fewer.
-* random streams: the same seed does not give the same samples (different sampling code paths), so the
-  lengths of the sampled completions, hence the scored tokens, differ from run to run on both sides.
-* ours runs under a Lightning ``Trainer`` (CPU accelerator, no logger, no checkpoints, no progress bar);
+  the first EOS (docs/decisions.md, decision 4). Token positions (``fwd tok``) include the padding of
+  batched rows, which single rows do not have.
+* random streams: the same seed does not give the two libraries the same samples (different sampling code
+  paths), so the lengths of the sampled completions, hence the scored tokens, differ between them (each
+  library repeats its own samples run after run).
+* ours runs under a Lightning ``Trainer`` (CPU accelerator, no logger, no checkpoints, no Lightning progress
+  bar);
   CoMLRL's progress bars are switched off (``verbose=False``) and it has no W&B run.
 
 Printed per job and library: median wall seconds and CPU seconds of ``train()``, the counts (medians), the
