@@ -9,7 +9,8 @@ the embedded tiny model, measures the mean task reward on the 8 held-out items (
 evaluation streams) before and after training, and reports the gain. Per family: seeds, mean gain, min, max,
 spread (standard deviation over seeds), wins (gain > 0), passes (gain > --margin, the learning tests'
 assertion) and mean wall seconds per run. torch runs with one thread (--threads) for steadier timings.
-The CoMLRL column of README needs `comlrl==1.4.3` (the `bench` extra); this script only runs ours.
+This script only runs ours; CoMLRL's gain on the madpo and magrpo_2turn recipes (same task, evaluation
+and initial weights) comes from `benchmarks/vs_comlrl.py --learning`, which needs the `bench` extra.
 """
 
 from __future__ import annotations
