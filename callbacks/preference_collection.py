@@ -57,7 +57,7 @@ class PreferenceCollection(L.Callback):
             pl_module.team, list(dm.train_items), dm.formatters, dm.oracle, pl_module.sampling_settings(),
             args.preference_num_candidates, args.pair_selection, args.preference_pairs_per_sample,
             args.seed if self.seed is None else self.seed, rank, world_size, chunk_size=self.chunk_size,
-            progress=trainer.is_global_zero,
+            progress=trainer.is_global_zero, where="PreferenceCollection (the offline collection)",
         )
         metrics = RoundMetrics(pl_module.device)
         metrics.update(local_stats)
