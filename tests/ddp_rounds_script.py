@@ -4,7 +4,8 @@ Usage: ``ddp_rounds_script.py OUT MODEL KIND NUM_ITEMS`` (with ``DDP_TEST_NODES=
 process, Lightning's multi-node path; else 2 processes on one node), KIND ``madpo`` (offline) or ``iter`` (MADPOIter, 3 rounds,
 then a second fit resumed from the checkpoint of epoch 0). With ``DDP_TEST_FAIL=RANK:ROUND:MODE`` a third fit runs in
 which the pair builder of rank RANK raises (MODE ``raise``) or ends the process (``exit``) in round ROUND; the
-script records the error each rank caught, and resumes that fit from its checkpoint of epoch 0. Each rank writes ``OUT/rank{r}.json``: what its own shard
+script records the error each rank caught, and resumes that fit from its checkpoint of epoch 0 (KIND ``fail``: that
+fit alone). Each rank writes ``OUT/rank{r}.json``: what its own shard
 produced (recorded around the pair builders), what the data module received (the gathered round), which files
 this rank wrote, and its parameter sums.
 """
