@@ -15,7 +15,8 @@ and selects pairs for its own contiguous block of the train items, with streams 
 blocks are gathered in rank order, so every rank adds the same global round, in dataset order, to the round
 data (docs/scaling.md). The ranks' stream states (and comparator states) are gathered after every round and
 saved per rank in the checkpoint; a checkpoint resumes only with the same W. ``shards`` records, per round
-and rank, ``[start, end, num_pairs]``.
+and rank, ``[start, end, num_pairs]``. An exception on one rank during its share of a round stops every rank
+with a ``RankFailure`` naming the rank and the round, before the round is added or written.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from comlrl_lightning.data.tasks import format_prompts
-from comlrl_lightning.distributed import gather_objects, per_rank_entry, rank_seed, shard_bounds, world
+from comlrl_lightning.distributed import gather_round, per_rank_entry, rank_seed, shard_bounds, world
 from comlrl_lightning.generation import SamplingStream
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.metrics import RoundMetrics
@@ -133,20 +134,24 @@ class IterativePreferenceCollection(L.Callback):
             self._comparator_state = None
         oracle = dm.collection_oracle()
         first, last = shard_bounds(len(items), self._rank, self._world)
-        local, local_stats = [], CollectionStats()
-        for start in range(first, last, self.chunk_size):
-            chunk = items[start:min(start + self.chunk_size, last)]
-            prompts = format_prompts(chunk, dm.formatters, offset=start)
-            current = sample_team(team, prompts, n, settings, self.streams)
-            comp = self.comparator.sample(prompts, m, chunk)
-            new, stats = build_iterative_pairs(chunk, prompts, current, comp, oracle.score, args.pair_selection,
-                                               args.preference_pairs_per_sample, self.rng, item_offset=start)
-            local.extend(new)
-            local_stats.add(stats)
+
+        def shard() -> tuple:
+            local, local_stats = [], CollectionStats()
+            for start in range(first, last, self.chunk_size):
+                chunk = items[start:min(start + self.chunk_size, last)]
+                prompts = format_prompts(chunk, dm.formatters, offset=start)
+                current = sample_team(team, prompts, n, settings, self.streams)
+                comp = self.comparator.sample(prompts, m, chunk)
+                new, stats = build_iterative_pairs(chunk, prompts, current, comp, oracle.score, args.pair_selection,
+                                                   args.preference_pairs_per_sample, self.rng, item_offset=start)
+                local.extend(new)
+                local_stats.add(stats)
+            return first, last, local, local_stats, self._own_state()
+
+        # every rank takes part, empty shards too; rank order = dataset order; a rank's failure stops every rank
+        shards = gather_round(shard, self._rank, self._world, f"{type(self).__name__} round {round_index}")
         round_metrics = RoundMetrics(pl_module.device)
-        round_metrics.update(local_stats)
-        # every rank takes part, empty shards too; rank order = dataset order
-        shards = gather_objects((first, last, local, local_stats, self._own_state()), self._world)
+        round_metrics.update(shards[self._rank][3])
         pairs, total = [p for shard in shards for p in shard[2]], CollectionStats()
         for shard in shards:
             total.add(shard[3])

@@ -248,6 +248,7 @@ class LearnedRewardFit(_RewardModelFitting):
             pl_module.team, list(dm.train_items), dm.formatters, dm.oracle, pl_module.sampling_settings(),
             args.preference_num_candidates, args.pair_selection, args.preference_pairs_per_sample, seed, rank,
             world_size, chunk_size=self.chunk_size, progress=False,
+            where="LearnedRewardFit (the collection of the reward model's pairs)",
         )
         self._use_pairs(trainer, pl_module, pairs, stats, seed)
 

@@ -58,6 +58,7 @@ class PreferenceCollection(L.Callback):
             args.preference_num_candidates, args.pair_selection, args.preference_pairs_per_sample,
             args.seed if self.seed is None else self.seed, rank, world_size, chunk_size=self.chunk_size,
             progress=trainer.is_global_zero and trainer.progress_bar_callback is not None,
+            where="PreferenceCollection (the offline collection)",
         )
         metrics = RoundMetrics(pl_module.device)
         metrics.update(local_stats)

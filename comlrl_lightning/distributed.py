@@ -12,12 +12,17 @@ Seeds: rank ``r`` derives every seed of its collection streams with :func:`rank_
 (``seed + RANK_SEED_STRIDE * r``), so rank 0 of a DDP run and a single process use the same seeds and a run
 is reproducible for a fixed (seed, W).
 
+Failures: :func:`gather_round` runs a rank's share of a round and gathers a status with its result, so an
+exception on one rank stops every rank at the same point with a :class:`RankFailure` naming the rank and the
+round, instead of the others waiting in the gather (docs/scaling.md, section 5).
+
 Without an initialized process group (one process, tests, notebooks) every function here is the identity
 of the single-rank case; nothing imports Lightning.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 #: Distance between the seeds of two ranks (a prime far above the per-agent offsets used by the streams).
@@ -76,6 +81,47 @@ def gather_objects(obj: Any, world_size: int) -> list[Any]:
     out: list[Any] = [None] * world_size
     dist.all_gather_object(out, obj)
     return out
+
+
+class RankFailure(RuntimeError):
+    """A rank failed during a round's collective step; raised on every rank, naming the failed rank(s)."""
+
+
+def gather_round(work: Callable[[], Any], rank: int, world_size: int, where: str) -> list[Any]:
+    """Run this rank's ``work()`` and gather every rank's result, in rank order (a collective, as
+    :func:`gather_objects`).
+
+    An exception raised by ``work`` on any rank is gathered in place of that rank's result, so every rank
+    learns who failed and raises a :class:`RankFailure` naming the rank(s), ``where`` (e.g. the round) and the
+    error, before anything of the round is used or written (the failing rank chains its own exception). A rank
+    whose process dies never reaches the gather: the collective itself fails on the others (gloo and nccl
+    raise once the peer's connection closes; a rank that hangs alive is caught by the process group's
+    timeout, ``DDPStrategy(timeout=...)``), and that error is raised as a :class:`RankFailure` naming
+    ``where``. With one rank (or no process group) ``work``'s exceptions pass unchanged.
+    """
+    if not _group_ready(world_size):
+        return [work()]
+    error: BaseException | None = None
+    try:
+        status: tuple[str | None, Any] = (None, work())
+    except Exception as exc:  # noqa: BLE001 - every rank must reach the gather to learn of the failure
+        error, status = exc, (f"{type(exc).__name__}: {exc}", None)
+    try:
+        statuses = gather_objects(status, world_size)
+    except RuntimeError as exc:  # gloo/nccl: a peer's process died or the collective timed out
+        raise RankFailure(
+            f"{where}: the gather of the ranks' results failed on rank {rank} ({type(exc).__name__}: {exc}). Another "
+            "rank stopped before reaching it (its process died, was killed, or hung past the process group's "
+            "timeout): look for the first error in the other ranks' logs. Nothing of this round was used or "
+            "written; resume from the last checkpoint with the same number of processes.") from exc
+    failed = {r: message for r, (message, _) in enumerate(statuses) if message is not None}
+    if failed:
+        names = "; ".join(f"rank {r}: {m}" for r, m in failed.items())
+        raise RankFailure(
+            f"{where} failed on rank {', '.join(map(str, failed))} of {world_size} ({names}). Every rank stops here: "
+            "nothing of this round was used or written. Fix the cause and resume from the last checkpoint "
+            "(fit(ckpt_path=...)) with the same number of processes.") from error
+    return [result for _, result in statuses]
 
 
 def broadcast_object(obj: Any, world_size: int, src: int = 0) -> Any:

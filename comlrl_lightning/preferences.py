@@ -308,24 +308,31 @@ def collect_offline_split(
     world_size: int = 1,
     chunk_size: int = 16,
     progress: bool = True,
+    where: str = "the offline collection",
 ) -> tuple[list[PreferencePair], CollectionStats, CollectionStats, list[list[int]]]:
     """:func:`collect_offline_pairs` split across ``world_size`` ranks (docs/scaling.md): this rank collects its
     block ``shard_bounds(len(items), rank, world_size)`` with agent i's stream seeded ``s + 1000 * i`` and pair
     selection seeded ``s``, ``s = rank_seed(seed, rank)``; the blocks are gathered in rank order (a collective:
-    every rank calls it, empty blocks included).
+    every rank calls it, empty blocks included). An exception on one rank stops every rank with a
+    ``RankFailure`` naming the rank and ``where`` (:func:`~comlrl_lightning.distributed.gather_round`).
 
     Returns (global pairs in dataset order, global stats, this rank's stats, ``[start, end, num_pairs]`` per rank).
     """
-    from comlrl_lightning.distributed import gather_objects, rank_seed, shard_bounds
+    from comlrl_lightning.distributed import gather_round, rank_seed, shard_bounds
     from comlrl_lightning.generation import SamplingStream
 
     start, end = shard_bounds(len(items), rank, world_size)
     s = rank_seed(seed, rank)
-    streams = [SamplingStream(s + 1000 * i) for i in range(team.num_agents)]
-    local, local_stats = collect_offline_pairs(team, list(items[start:end]), formatters, oracle, settings,
-                                               num_candidates, pair_selection, limit, random.Random(s), streams,
-                                               chunk_size=chunk_size, progress=progress, item_offset=start)
-    shards = gather_objects((start, end, local, local_stats), world_size)
+
+    def shard() -> tuple:
+        streams = [SamplingStream(s + 1000 * i) for i in range(team.num_agents)]
+        local, local_stats = collect_offline_pairs(team, list(items[start:end]), formatters, oracle, settings,
+                                                   num_candidates, pair_selection, limit, random.Random(s), streams,
+                                                   chunk_size=chunk_size, progress=progress, item_offset=start)
+        return start, end, local, local_stats
+
+    shards = gather_round(shard, rank, world_size, where)
+    local_stats = shards[rank][3]
     stats = CollectionStats()
     for *_, shard_stats in shards:
         stats.add(shard_stats)

@@ -2,7 +2,10 @@
 
 Usage: ``ddp_rounds_script.py OUT MODEL KIND NUM_ITEMS`` (with ``DDP_TEST_NODES=2``: one of 2 nodes x 1
 process, Lightning's multi-node path; else 2 processes on one node), KIND ``madpo`` (offline) or ``iter`` (MADPOIter, 3 rounds,
-then a second fit resumed from the checkpoint of epoch 0). Each rank writes ``OUT/rank{r}.json``: what its own shard
+then a second fit resumed from the checkpoint of epoch 0). With ``DDP_TEST_FAIL=RANK:ROUND:MODE`` a third fit runs in
+which the pair builder of rank RANK raises (MODE ``raise``) or ends the process (``exit``) in round ROUND; the
+script records the error each rank caught, and resumes that fit from its checkpoint of epoch 0 (KIND ``fail``: that
+fit alone). Each rank writes ``OUT/rank{r}.json``: what its own shard
 produced (recorded around the pair builders), what the data module received (the gathered round), which files
 this rank wrote, and its parameter sums.
 """
@@ -33,7 +36,28 @@ def offline(team, items, *a, item_offset=0, **k):
     return pairs, stats
 
 
+FAIL = os.environ.get("DDP_TEST_FAIL")  # "RANK:ROUND:MODE" (MODE raise or exit), armed for the failing fit only
+armed = {"on": False, "round": None}
+_collect = iterative_collection.IterativePreferenceCollection.collect
+
+
+def collect(self, trainer, pl_module, round_index):
+    armed["round"] = round_index
+    return _collect(self, trainer, pl_module, round_index)
+
+
+iterative_collection.IterativePreferenceCollection.collect = collect
+
+
 def iterative(items, prompts, *a, item_offset=0, **k):
+    if armed["on"] and FAIL:
+        rank, at, mode = FAIL.split(":")
+        import torch.distributed as dist
+
+        if dist.get_rank() == int(rank) and armed["round"] == int(at):
+            if mode == "exit":
+                os._exit(3)
+            raise RuntimeError(f"injected failure on rank {rank}")
     pairs, stats = _iterative(items, prompts, *a, item_offset=item_offset, **k)
     record["local"].append({"start": item_offset, "end": item_offset + len(items), "pairs": [p.to_json() for p in pairs]})
     return pairs, stats
@@ -94,32 +118,59 @@ else:
 
     from comlrl_lightning.trainers.iterative import MADPOIterTrainer
 
-    def build(max_epochs, callbacks=()):
+    def build(max_epochs, callbacks=(), root=out_dir):
         args = MADPOIterConfig(num_iterations=3, preference_replay_mode="all_history", preference_replay_sample_size=4,
                                comparator_policy="history", comparator_history_k=1, **common)
         return MADPOIterTrainer(agent_model=model_dir, train_dataset=items, eval_dataset=None,
                                 reward_func=cooperative_reward, formatters=FORMATTERS, args=args, evaluation=False,
                                 callbacks=callbacks, trainer_kwargs={**tk, "max_epochs": max_epochs,
-                                                                     "enable_checkpointing": True})
+                                                                     "enable_checkpointing": True,
+                                                                     "default_root_dir": root})
 
-    ckpt = ModelCheckpoint(dirpath=os.path.join(out_dir, "ckpt"), filename="round-{epoch}", every_n_epochs=1,
-                           save_top_k=-1, save_on_train_epoch_end=True)
-    tr = build(3, [ckpt])
-    tr.train()
-    rank = finish(tr, "full")
-    record["shards"] = tr.collection.shards
-    replay = os.path.join(out_dir, "preference_replay")
+    def checkpoints(root):
+        return ModelCheckpoint(dirpath=os.path.join(root, "ckpt"), filename="round-{epoch}", every_n_epochs=1,
+                               save_top_k=-1, save_on_train_epoch_end=True)
 
-    def round_files():
+    def round_files(root):
+        replay = os.path.join(root, "preference_replay")
         return {n: json.load(open(os.path.join(replay, n))) for n in sorted(os.listdir(replay))
                 if n.startswith("iteration_")} if rank == 0 else {}
 
-    record["round_files"] = round_files()
-    tr.trainer.strategy.barrier("read round files")  # before the resumed fit rewrites round 3
-    resumed = build(3)
-    resumed.train(ckpt_path=os.path.join(out_dir, "ckpt", "round-epoch=0.ckpt"))
-    finish(resumed, "resumed")
-    record["resumed_round_files"] = round_files()
+    rank = None
+    if kind == "iter":
+        tr = build(3, [checkpoints(out_dir)])
+        tr.train()
+        rank = finish(tr, "full")
+        record["shards"] = tr.collection.shards
+        record["round_files"] = round_files(out_dir)
+        tr.trainer.strategy.barrier("read round files")  # before the resumed fit rewrites round 3
+        resumed = build(3)
+        resumed.train(ckpt_path=os.path.join(out_dir, "ckpt", "round-epoch=0.ckpt"))
+        finish(resumed, "resumed")
+        record["resumed_round_files"] = round_files(out_dir)
+    if FAIL:  # a fit where one rank fails in a round, then the fit resumed from its last checkpoint
+        import time
+
+        kept = {k: list(record[k]) for k in ("local", "gathered", "writes", "logged")}  # the checks above read these
+        failing_root = os.path.join(out_dir, "failing")
+        failing = build(3, [checkpoints(failing_root)], root=failing_root)
+        armed["on"], started = True, time.time()
+        try:
+            failing.train()
+            record["failure"] = None
+        except Exception as exc:  # noqa: BLE001 - the test reads the message
+            record["failure"] = f"{type(exc).__name__}: {exc}"
+            print(f"rank {failing.trainer.global_rank} caught {record['failure']}", file=sys.stderr)
+        armed["on"] = False
+        record["failure_seconds"] = time.time() - started
+        rank = failing.trainer.global_rank
+        record["failed_round_files"] = round_files(failing_root)
+        record["failed_checkpoints"] = sorted(os.listdir(os.path.join(failing_root, "ckpt"))) if rank == 0 else []
+        again = build(3, root=failing_root)
+        again.train(ckpt_path=os.path.join(failing_root, "ckpt", "round-epoch=0.ckpt"))
+        finish(again, "after failure")
+        record["recovered_round_files"] = round_files(failing_root)
+        record.update(kept)
 
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
     json.dump({"rank": rank, **record}, f)

@@ -3,11 +3,14 @@ round metrics reduced with torchmetrics (single process here; tests/trainers/tes
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from comlrl_lightning.distributed import (
     RANK_SEED_STRIDE,
     gather_objects,
+    gather_round,
     per_rank_entry,
     rank_seed,
     shard_bounds,
@@ -106,3 +109,81 @@ def test_api_comparator_shares_the_concurrency_limit_between_ranks():
         for _ in range(2):  # once per fit: the share is taken of the run's limit, not of the last share
             comparator.setup(SimpleNamespace(world_size=world_size), None)
         assert comparator.client.max_concurrency == share
+
+
+def test_one_process_passes_the_round_error_unchanged():
+    def work():
+        raise KeyError("item 3")
+
+    with pytest.raises(KeyError, match="item 3"):
+        gather_round(work, 0, 1, "round 0")
+    assert gather_round(lambda: 7, 0, 1, "round 0") == [7]
+
+
+_FAILING_RANKS = r'''
+import datetime, json, os, sys
+import torch.distributed as dist
+from comlrl_lightning.distributed import RankFailure, gather_round
+
+rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=60))
+seen = {"ok": gather_round(lambda: rank * 10, rank, 2, "round 0")}
+
+
+def raises():
+    if rank == 1:
+        raise ValueError("bad item 5")
+    return rank
+
+
+try:
+    gather_round(raises, rank, 2, "IterativePreferenceCollection round 1")
+except RankFailure as exc:
+    seen["raised"] = [str(exc), type(exc.__cause__).__name__]
+json.dump(seen, open(f"{out}/rank{rank}.json", "w"))
+
+
+def dies():
+    if rank == 1:
+        os._exit(3)  # a hard death: this rank never reaches the gather
+    return rank
+
+
+try:
+    gather_round(dies, rank, 2, "IterativePreferenceCollection round 2")
+except RankFailure as exc:
+    seen["died"] = str(exc)
+json.dump(seen, open(f"{out}/rank{rank}.json", "w"))
+'''
+
+
+def test_a_rank_failing_in_a_round_stops_every_rank_naming_it(tmp_path):
+    """2 gloo processes (no Lightning): an exception on rank 1 reaches rank 0 as a RankFailure naming rank 1 and
+    the round; a rank whose process exits makes the survivor's gather fail at once, naming the round."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "ranks.py"
+    script.write_text(_FAILING_RANKS)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(port), str(tmp_path)], env=env,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 3], "\n".join(e[-2000:] for e in errors)
+    rank0 = json.loads((tmp_path / "rank0.json").read_text())
+    assert rank0["ok"] == [0, 10]
+    message, cause = rank0["raised"]
+    assert message.startswith("IterativePreferenceCollection round 1 failed on rank 1 of 2 (rank 1: ValueError: "
+                              "bad item 5)") and "resume from the last checkpoint" in message
+    assert cause == "NoneType"  # rank 0 had no error of its own
+    rank1 = json.loads((tmp_path / "rank1.json").read_text())
+    assert rank1["raised"] == [message, "ValueError"]  # the same message; rank 1 chains its own exception
+    assert rank0["died"].startswith("IterativePreferenceCollection round 2: the gather of the ranks' results failed "
+                                    "on rank 0")

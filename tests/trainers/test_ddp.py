@@ -29,19 +29,26 @@ def _run(script: str, tmp_path: Path, *args: str) -> list[dict]:
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
-def _run_two_nodes(script: str, tmp_path: Path, *args: str) -> list[dict]:
+def _run_two_nodes(script: str, tmp_path: Path, *args: str, extra_env: dict | None = None) -> list[dict]:
     """2 nodes x 1 process on 127.0.0.1: the environment torchrun or SLURM gives each node, Lightning's own path."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = []
-    for node in (0, 1):
+    procs, logs = [], [tmp_path / f"node{node}.log" for node in (0, 1)]
+    for node in (0, 1):  # stderr to files: a full pipe not being read would block its node inside a collective
         env = {**_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(node),
-               "LOCAL_RANK": "0", "WORLD_SIZE": "2", "DDP_TEST_NODES": "2"}
-        procs.append(subprocess.Popen([sys.executable, str(HERE / script), str(tmp_path), *args], env=env,
-                                      cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    errors = [p.communicate(timeout=600)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-2000:] for e in errors)
+               "LOCAL_RANK": "0", "WORLD_SIZE": "2", "DDP_TEST_NODES": "2", **(extra_env or {})}
+        with open(logs[node], "w") as log:
+            procs.append(subprocess.Popen([sys.executable, str(HERE / script), str(tmp_path), *args], env=env,
+                                          cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=log))
+    try:
+        for p in procs:
+            p.wait(timeout=600)
+    finally:
+        for p in procs:  # a node left waiting on a failed one would outlive the test
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(log.read_text()[-2000:] for log in logs)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
@@ -90,8 +97,10 @@ def test_madpo_collection_is_split_and_gathered(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_madpo_iter_two_nodes_split_rank0_writes_and_resume_equals_full_run(tiny_model_dir, tmp_path):
-    ranks = _run_two_nodes("ddp_rounds_script.py", tmp_path, tiny_model_dir, "iter", "3")
+def test_madpo_iter_two_nodes_split_rank0_writes_resume_and_rank_failure(tiny_model_dir, tmp_path):
+    # the same launch then runs the fit again with rank 1 raising in round 2, and resumes it (docs/scaling.md §5)
+    ranks = _run_two_nodes("ddp_rounds_script.py", tmp_path, tiny_model_dir, "iter", "3",
+                           extra_env={"DDP_TEST_FAIL": "1:2:raise"})
     # 3 rounds in the full fit; round 2 again in the fit resumed from the checkpoint of epoch 0 (written after
     # round 1 was collected at that epoch's end)
     assert [len(r["local"]) for r in ranks] == [4, 4]
@@ -107,11 +116,22 @@ def test_madpo_iter_two_nodes_split_rank0_writes_and_resume_equals_full_run(tiny
         assert r["local"][3] == r["local"][2] and r["gathered"][3] == r["gathered"][2]
     assert ranks[0]["resumed_round_files"] == files
     _check_logged(ranks)
-    full, resumed = ranks[0]["fits"]
+    full, resumed, recovered = ranks[0]["fits"]
     assert resumed["pairs"] == full["pairs"]
     assert resumed["sums"] == pytest.approx(full["sums"], rel=0, abs=1e-9)
-    for fit in ranks[1]["fits"]:  # rank 1's replica equals rank 0's, in both fits
+    for fit in ranks[1]["fits"]:  # rank 1's replica equals rank 0's, in every fit
         assert fit["sums"] == pytest.approx(full["sums"], rel=0, abs=1e-9)
+    # rank 1 raised in round 2: both ranks stopped there with an error naming the rank and the round
+    for r in ranks:
+        assert r["failure"].startswith("RankFailure: IterativePreferenceCollection round 2 failed on rank 1 of 2")
+        assert "injected failure on rank 1" in r["failure"]
+    # nothing of round 2 was written; rounds 0 and 1 are the uninterrupted run's; the last checkpoint is epoch 0's
+    assert ranks[0]["failed_round_files"] == {k: files[k] for k in ("iteration_0001.json", "iteration_0002.json")}
+    assert ranks[0]["failed_checkpoints"] == ["round-epoch=0.ckpt"]
+    # resumed from it: every round file holds each pair exactly once, as in the uninterrupted run, same weights
+    assert ranks[0]["recovered_round_files"] == files
+    assert recovered["pairs"] == full["pairs"]
+    assert recovered["sums"] == pytest.approx(full["sums"], rel=0, abs=1e-9)
 
 
 @pytest.mark.slow
@@ -129,3 +149,38 @@ def test_magrpo_prompts_are_sharded_and_groups_stay_on_one_rank(tiny_model_dir, 
     assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
     assert ranks[0]["sums"] == pytest.approx(ranks[1]["sums"], rel=0, abs=1e-9)
     _check_logged(ranks, local=("env_step",))
+
+
+@pytest.mark.slow
+def test_marlhf_marlhf_iter_iac_maac_split_gathered_and_replicas_identical(tiny_model_dir, tmp_path):
+    """One launch, four fits in the same 2 processes (docs/scaling.md §1): MARLHF and MARLHFIter split their
+    collections and fit the same reward model on every rank; IAC and MAAC split the prompts."""
+    ranks = _run("ddp_families_script.py", tmp_path, tiny_model_dir)
+    fits = [{f["name"]: f for f in r["fits"]} for r in ranks]
+    assert list(fits[0]) == list(fits[1]) == ["marlhf", "marlhf_iter", "iac", "maac"]
+    for name in fits[0]:
+        a, b = fits[0][name], fits[1][name]
+        assert a["world"] == b["world"] == 2 and a["global_step"] == b["global_step"] > 0
+        # replicas identical after training: actors and (IAC, MAAC) critics
+        assert a["actors"] == pytest.approx(b["actors"], rel=0, abs=1e-9)
+        assert a["critics"] == pytest.approx(b["critics"], rel=0, abs=1e-9)
+    for name, rounds in (("marlhf", 1), ("marlhf_iter", 2)):
+        a, b = fits[0][name], fits[1][name]
+        assert len(a["local"]) == len(b["local"]) == len(a["reward_fits"]) == len(b["reward_fits"]) == rounds
+        for t in range(rounds):
+            (s0, e0, own0), (s1, e1, own1) = a["local"][t], b["local"][t]
+            assert (s0, e0, s1, e1) == (0, 2, 2, 4) and own0 and own1 and own0 != own1
+            # every rank's reward model was fitted on the gathered pairs (no loss, no duplicate, dataset order),
+            # with the same seed: the same model on both ranks
+            assert a["reward_fits"][t]["pairs"] == b["reward_fits"][t]["pairs"] == own0 + own1
+            assert a["reward_fits"][t]["sum"] == pytest.approx(b["reward_fits"][t]["sum"], rel=0, abs=1e-9)
+        # the RL stage (MAGRPO) and the round metrics are reduced over both ranks
+        _check_logged([{**f, "gathered": [fit["pairs"] for fit in f["reward_fits"]]} for f in (a, b)])
+    for name in ("iac", "maac"):
+        a, b = fits[0][name], fits[1][name]
+        assert a["critics"] and not a["local"]
+        # DistributedSampler: each rank rolled out 2 of the 4 prompts, its own (2 agents x 2 generations each)
+        items = [{s[0] for s in f["samples"]} for f in (a, b)]
+        assert items[0].isdisjoint(items[1]) and items[0] | items[1] == {0, 1, 2, 3}
+        assert len(a["samples"]) == len(b["samples"]) == 2 * 2 * 2
+        assert [s[1:] for s in a["samples"]] != [s[1:] for s in b["samples"]]  # different prompts and streams
