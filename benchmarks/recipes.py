@@ -59,8 +59,8 @@ def marlhf_iter(model_dir: str, seed: int, root: str | None = None, **overrides:
               temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=5e-3, rollout_buffer_size=1, eval_interval=0,
               eval_num_samples=0, logging_steps=1, seed=seed, preference_num_candidates=8,
               preference_pairs_per_sample=8, preference_replay_mode="all_history", reward_length_features="only",
-              reward_clip_quantile=0.9, reward_learning_rate=1.0, reward_num_train_epochs=10, reward_train_batch_size=16,
-              reward_max_length=256)
+              reward_clip_quantile=0.9, reward_learning_rate=1.0, reward_num_train_epochs=10,
+              reward_train_batch_size=16, reward_max_length=256)
     kw.update(overrides)
     return MARLHFIterTrainer(agent_model=model_dir, train_dataset=items[:20], reward_func=reward, formatters=formatters,
                              args=MARLHFIterConfig(**kw), evaluation=False, reward_val_fraction=0.1,
