@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from iterative_helpers import iter_args, make_trainer
+from learning_seed import LEARNING_SEED
 
 
 @pytest.mark.slow
@@ -12,7 +13,7 @@ def test_win_rate_against_initial_policy_rises(tiny_model_dir, tmp_path):
     args = iter_args(num_iterations=3, num_train_epochs=2, preference_num_candidates=8,
                      preference_pairs_per_sample=4, train_batch_size=16, max_new_tokens=16, temperature=1.0,
                      top_p=1.0, top_k=None, agent_learning_rate=1e-2, comparator_policy="history",
-                     comparator_history_k=100, seed=0)
+                     comparator_history_k=100, seed=LEARNING_SEED)
     tr = make_trainer(tiny_model_dir, tmp_path, args=args, num_items=16)
     tr.train()
     rates = [h["round/win_rate"] for h in tr.collection.history]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import cpu_trainer_kwargs
+from learning_seed import LEARNING_SEED
 
 from comlrl_lightning.agents import build_agents
 from comlrl_lightning.config import MADPOConfig
@@ -322,7 +323,7 @@ def test_madpo_raises_task_reward_on_builtin_task():
 
     args = MADPOConfig(num_train_epochs=5, preference_num_candidates=16, preference_pairs_per_sample=8,
                        max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-2,
-                       train_batch_size=16, eval_interval=0, eval_num_samples=8, seed=0)
+                       train_batch_size=16, eval_interval=0, eval_num_samples=8, seed=LEARNING_SEED)
     tr = MADPOTrainer(agent_model="embedded:tiny", train_dataset="builtin:cooperative",
                       eval_dataset="builtin:cooperative_eval", reward_func=cooperative_reward,
                       formatters=FORMATTERS, args=args, trainer_kwargs=cpu_trainer_kwargs())
