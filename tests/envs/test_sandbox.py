@@ -35,13 +35,17 @@ MODES = [pytest.param({}, id="bwrap"), pytest.param({"isolation": "unsafe-subpro
 
 
 def sandbox_processes() -> list[int]:
-    """Pids of processes still running the sandbox bootstrap."""
+    """Pids of processes still running this checkout's sandbox bootstrap (matched by its full path, so that another
+    test run on the same machine, from another checkout, is not counted)."""
+    from comlrl_lightning.envs.code import sandbox
+
+    marker = str(sandbox._CHILD).encode()
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                    if b"_sandbox_child.py" in fh.read():
+                    if marker in fh.read():
                         found.append(int(entry))
             except OSError:
                 pass
