@@ -20,6 +20,15 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
+@pytest.fixture(scope="session")
+def vllm_model_dir(tmp_path_factory) -> str:
+    """The tiny model with a head size vLLM's CPU attention serves (hidden 128, 4 heads: 32), float32."""
+    from comlrl_lightning.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny128") / "model", hidden_size=128, num_heads=4,
+                            num_kv_heads=2)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _one_torch_thread():
     """One intra-op thread: on the 2-core CI machine this is faster and far steadier than the default."""

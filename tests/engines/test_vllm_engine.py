@@ -32,15 +32,6 @@ ITEMS = [{"prompt": f"Topic: {t}."} for t in ("rivers", "bread", "trains", "musi
 SMALL_KV = {"kv_cache_memory_bytes": 32 * 2**20}
 
 
-@pytest.fixture(scope="module")
-def vllm_model_dir(tmp_path_factory) -> str:
-    """The tiny model with a head size vLLM's CPU attention serves (hidden 128, 4 heads: 32), float32."""
-    from comlrl_lightning.tiny import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny128") / "model", hidden_size=128, num_heads=4,
-                            num_kv_heads=2)
-
-
 def _leftovers(shm_before: set[str]) -> tuple[list[str], list[str]]:
     """Child processes still alive (multiprocessing's resource tracker aside) and new /dev/shm entries, after
     giving exiting processes a few seconds."""

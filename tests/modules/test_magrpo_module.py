@@ -262,6 +262,30 @@ def test_progress_state_survives_a_weights_only_checkpoint(tiny_model_dir, tmp_p
     assert restored.shuffle_rng.random() == module.shuffle_rng.random()
 
 
+@pytest.mark.parametrize("trainer_cls,config_cls", [(MAGRPOTrainer, MAGRPOConfig), (MAReMaxTrainer, MAReMaxConfig)])
+def test_fit_resumes_from_a_lightning_checkpoint(tiny_model_dir, tmp_path, trainer_cls, config_cls):
+    """Lightning loads a resumed checkpoint weights_only; the args object among its hyperparameters must be
+    allow-listed (it was not: resuming any MAGRPO-family run failed with an UnpicklingError)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    args = small_args(config_cls, num_train_epochs=2, seed=1)
+
+    def build(**tk):
+        return trainer_cls(agent_model=tiny_model_dir, train_dataset=ITEMS, reward_func=cooperative_reward,
+                           formatters=FORMATTERS, args=args, trainer_kwargs=cpu_trainer_kwargs(**tk))
+
+    first = build(max_epochs=1, enable_checkpointing=True, default_root_dir=str(tmp_path),
+                  callbacks=[ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), save_top_k=-1, every_n_epochs=1)])
+    first.train()
+    (ckpt,) = (tmp_path / "ckpt").glob("*.ckpt")
+    resumed = build(default_root_dir=str(tmp_path))
+    resumed.train(ckpt_path=str(ckpt))
+    full = build()
+    full.train()
+    assert 0 < first.trainer.global_step < resumed.trainer.global_step == full.trainer.global_step
+    assert resumed.module.optimizer_steps == full.module.optimizer_steps
+
+
 def test_evaluation_callback_covers_every_turn_of_a_multiturn_run(tmp_path, monkeypatch, capsys):
     """TaskRewardEvaluation evaluates each turn of a 2-turn MAGRPO run through the module's own rollout."""
     from pathlib import Path
