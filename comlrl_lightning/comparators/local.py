@@ -12,7 +12,8 @@ round's collection, ``release()`` once the round's pairs exist, and ``state_dict
 * ``current_copy``: a frozen deep copy of the current weights on ``comparator_devices``, rebuilt per round,
   only when those devices differ from the agents' (or ``always_copy=True``); otherwise the live agents.
 * ``model``: ``comparator_model_name`` (every role) or ``comparator_agents`` (per role), loaded once.
-* ``history``: the policy snapshot k rounds back (:func:`history_snapshot_dir`), loaded when it changes.
+* ``history``: the policy snapshot k rounds back (:func:`history_snapshot_dir`), loaded when it changes; LoRA
+  snapshots of a team on the vLLM engine are served by that engine instead (:func:`served_snapshot`).
 * ``api``: an HTTP endpoint (:class:`~comlrl_lightning.comparators.api.APIComparator`).
 """
 
@@ -282,6 +283,22 @@ def load_snapshot(directory: Path, num_agents: int, model_config: dict | None = 
     return AgentTeam(models, toks, names=[str(directory / f"agent_{i}") for i in range(num_agents)])
 
 
+def served_snapshot(team: AgentTeam, directory: Path) -> AgentTeam | None:
+    """The snapshot ``directory/agent_{i}`` of a LoRA team, served by the team's own engine without loading it
+    into torch, when that engine can (the vLLM engine: ``snapshot_engine``, docs/engines.md "Comparators");
+    None otherwise. The returned team lends the live team's models and tokenizers only for prompt encoding
+    (same base, same tokenizers); its engine samples the snapshot's adapters."""
+    serve = getattr(engine_of(team), "snapshot_engine", None)
+    dirs = [directory / f"agent_{i}" for i in range(team.num_agents)]
+    if serve is None or not team.uses_lora or not all((d / "adapter_config.json").is_file() for d in dirs):
+        return None
+    engine = serve(dirs)
+    if engine is None:
+        return None
+    return AgentTeam(list(team.models), list(team.tokenizers), list(team.adapters), [str(d) for d in dirs],
+                     engine=engine)
+
+
 class HistoryComparator(LocalComparator):
     """The policy k rounds back, from the snapshots HistoryCheckpoint writes (``comparator_policy='history'``).
 
@@ -320,11 +337,19 @@ class HistoryComparator(LocalComparator):
         target = history_snapshot_dir(self.root, round_index, self.k, n)
         if self.loaded is not None and target == self.loaded_from:
             return
+        self.release()
+        served = served_snapshot(self.pl_module.team, target)
+        if served is not None:
+            self.loaded, self.loaded_from = served, target
+            return
         team = load_snapshot(target, n, self.model_config)
         devices = resolve_devices(self.devices, n, [device_of(m) for m in self.pl_module.team.models])
         self.loaded, self.loaded_from = _freeze(team, devices), target
 
     def release(self) -> None:
+        engine = getattr(self.loaded, "engine", None)
+        if engine is not None and engine is not getattr(self.pl_module.team, "engine", None):
+            engine.close()
         self.loaded = None
         self.loaded_from = None
 

@@ -5,7 +5,9 @@ Team layouts:
 * **LoRA agents on one base** (``lora=...``): one ``vllm.LLM`` with ``enable_lora``, one adapter per agent. A
   :meth:`VLLMEngine.sample_many` call serves every agent's request in one ``generate`` with one adapter per
   prompt. Base-model requests are never put in such a call (vLLM was measured giving them the last adapter):
-  this engine serves only the agents, comparators with other weights keep their own (HF) engine.
+  this engine serves the agents and, in calls of their own, saved adapters of the same team
+  (:meth:`VLLMEngine.snapshot_engine`: the history comparator's snapshots); comparators with other weights keep
+  their own (HF) engine.
 * **Full-model agents**: one ``vllm.LLM`` per distinct agent model.
 
 Weight sync is lazy: :meth:`VLLMEngine.sync` marks agents stale, and the next generation first pushes their
@@ -49,9 +51,11 @@ _EXTRA_TO_VLLM = {"repetition_penalty": "repetition_penalty", "min_new_tokens": 
                   "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
                   "min_p": "min_p"}
 
-#: Defaults for CPU runs: a 256 MiB KV cache (vLLM's default reserves 4 GiB per engine) and no torch.compile
-#: (full-model engines otherwise compile with inductor at start, minutes on 2 cores; LoRA engines never compile).
-CPU_DEFAULTS = {"kv_cache_memory_bytes": 256 * 2**20, "enforce_eager": True}
+#: Defaults for CPU runs: a 256 MiB KV cache (vLLM's default reserves 4 GiB per engine), no torch.compile
+#: (full-model engines otherwise compile with inductor at start, minutes on 2 cores; LoRA engines never compile), and
+#: no chunked prefill: vLLM 0.32's CPU worker crashes ("CPU Generator does not use offset") when a seeded request's
+#: prefill is split over steps, which happened at random with a few hundred sequences per call.
+CPU_DEFAULTS = {"kv_cache_memory_bytes": 256 * 2**20, "enforce_eager": True, "enable_chunked_prefill": False}
 
 
 #: Worker mix-in that reloads full weights (and a tied ``lm_head``) in vLLM's worker process.
@@ -324,8 +328,7 @@ class VLLMEngine:
                 os.replace(f, folder / f.name)
             sub.rmdir()
         old = server.loras.get(agent)
-        request = LoRARequest(f"agent{agent}-v{self._version}", self._next_lora_id, str(folder))
-        self._next_lora_id += 1
+        request = LoRARequest(f"agent{agent}-v{self._version}", self._new_lora_id(), str(folder))
         server.loras[agent] = request
         if old is not None:
             self._call(server, server.llm.llm_engine.remove_lora, old.lora_int_id)
@@ -353,11 +356,39 @@ class VLLMEngine:
 
     def sample_many(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[Samples]:
         """One ``generate`` per engine for all requests it serves (LoRA: mixed adapters in one call)."""
+        self._check(requests)
+        self.start()
+        self._push([r.agent_index for r in requests])
+        return self._serve(requests, settings, lambda server, agent: server.loras.get(agent))
+
+    def snapshot_engine(self, adapter_dirs: Sequence[str | os.PathLike]) -> AdapterSnapshotEngine | None:
+        """An engine serving saved LoRA adapters of this team (``adapter_dirs[i]`` for agent i, e.g. the history
+        comparator's snapshots) from this engine's base model, or None when this engine does not serve LoRA agents.
+        The snapshots are never loaded into torch: vLLM reads each adapter folder on first use."""
+        if not self.lora:
+            return None
+        dirs = [Path(d) for d in adapter_dirs]
+        if len(dirs) != self.team.num_agents:
+            raise ValueError(f"snapshot_engine needs one adapter folder per agent ({self.team.num_agents}); "
+                             f"got {len(dirs)}.")
+        missing = [str(d) for d in dirs if not (d / "adapter_config.json").is_file()]
+        if missing:
+            raise ValueError(f"Not LoRA adapter folders (no adapter_config.json): {missing}.")
+        return AdapterSnapshotEngine(self, [str(d) for d in dirs])
+
+    def _new_lora_id(self) -> int:
+        self._next_lora_id += 1
+        return self._next_lora_id - 1
+
+    @staticmethod
+    def _check(requests: Sequence[SampleRequest]) -> None:
         for r in requests:
             if r.num_candidates < 1:
                 raise ValueError(f"num_candidates must be >= 1. Got {r.num_candidates}.")
-        self.start()
-        self._push([r.agent_index for r in requests])
+
+    def _serve(self, requests: Sequence[SampleRequest], settings: SamplingSettings, adapter_of: Any) -> list[Samples]:
+        """Generate every request on the server of its agent, one ``generate`` per server; ``adapter_of(server,
+        agent)`` is the ``LoRARequest`` a request of that agent is served with (LoRA layout)."""
         encoded = []
         for r in requests:
             tok = self.team.tokenizers[r.agent_index]
@@ -378,7 +409,7 @@ class VLLMEngine:
                     for c in range(r.num_candidates):
                         prompts.append({"prompt_token_ids": prompt})
                         params.append(self._params(settings, tok, seeds[p * r.num_candidates + c]))
-                        loras.append(server.loras.get(r.agent_index))
+                        loras.append(adapter_of(server, r.agent_index))
                         owners.append(q)
             kwargs = {"lora_request": loras} if self.lora else {}
             results = self._call(server, server.llm.generate, prompts, params, use_tqdm=False, **kwargs)
@@ -426,6 +457,48 @@ class VLLMEngine:
             raise
 
 
+class AdapterSnapshotEngine:
+    """Saved LoRA adapters of a team (one folder per agent) served by that team's :class:`VLLMEngine`, on the same
+    base model, in calls of their own (docs/engines.md, "Comparators"). The adapters are frozen: :meth:`sync` does
+    nothing. Each folder gets a fresh adapter id on first use; :meth:`close` removes them from the engine (the
+    folders stay)."""
+
+    name = "vllm-snapshot"
+
+    def __init__(self, parent: VLLMEngine, adapter_dirs: Sequence[str]):
+        self.parent = parent
+        self.adapter_dirs = list(adapter_dirs)
+        self.requests: dict[int, Any] = {}  # agent -> LoRARequest of its snapshot
+
+    def _adapter(self, server: _Server, agent: int) -> Any:
+        if agent not in self.requests:
+            from vllm.lora.request import LoRARequest
+
+            lora_id = self.parent._new_lora_id()
+            self.requests[agent] = LoRARequest(f"snapshot{agent}-{lora_id}", lora_id, self.adapter_dirs[agent])
+        return self.requests[agent]
+
+    def sample(self, agent_index: int, prompts: Sequence[str], num_candidates: int, settings: SamplingSettings,
+               stream: SamplingStream) -> Samples:
+        return self.sample_many([SampleRequest(agent_index, prompts, num_candidates, stream)], settings)[0]
+
+    def sample_many(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[Samples]:
+        self.parent._check(requests)
+        self.parent.start()
+        return self.parent._serve(requests, settings, self._adapter)
+
+    def sync(self, agent_indices: Sequence[int] | None = None) -> None:
+        """Nothing: snapshots do not change."""
+
+    def close(self) -> None:
+        """Remove the snapshot adapters from the running engine (a stopped engine holds none)."""
+        requests, self.requests = self.requests, {}
+        for request in requests.values():
+            for server in self.parent.servers:
+                if server.llm is not None and not server.dead():
+                    self.parent._call(server, server.llm.llm_engine.remove_lora, request.lora_int_id)
+
+
 def _shutdown(llm: Any, timeout: float = 60.0) -> None:
     """Stop an ``LLM``'s engine-core process and reap it; a dead engine is fine. The engine core is given
     ``timeout`` seconds (vLLM's default is 5): it first waits for its workers, then frees the shared-memory queues,
@@ -469,11 +542,12 @@ def _shm_names() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
-def _unlink_orphan_shm(before: set[str]) -> list[str]:
-    """Remove the ``/dev/shm`` shared-memory segments and semaphores of Python's multiprocessing (``psm_*``,
-    ``sem.mp-*``) created since ``before`` that no live process maps any more (what a killed vLLM process leaves
-    behind); returns their names."""
-    candidates = {n for n in _shm_names() - before if n.startswith(("psm_", "sem.mp-"))}
+def orphan_shm(before: set[str], prefixes: tuple[str, ...] | None = ("psm_", "sem.mp-")) -> list[str]:
+    """The ``/dev/shm`` entries created since ``before`` that no live process maps any more: what a killed vLLM
+    process leaves behind (entries of other live programs, e.g. another engine on the machine, are mapped and so
+    not counted). ``prefixes``: only names with these prefixes (default: the shared-memory segments and semaphores
+    of Python's multiprocessing, which vLLM uses); None: every name."""
+    candidates = {n for n in _shm_names() - before if prefixes is None or n.startswith(prefixes)}
     if not candidates:
         return []
     for maps in Path("/proc").glob("[0-9]*/maps"):
@@ -484,12 +558,18 @@ def _unlink_orphan_shm(before: set[str]) -> list[str]:
         candidates = {n for n in candidates if f"/dev/shm/{n}" not in text}
         if not candidates:
             return []
-    for name in candidates:
+    return sorted(candidates)
+
+
+def _unlink_orphan_shm(before: set[str]) -> list[str]:
+    """Remove the :func:`orphan_shm` entries created since ``before``; returns their names."""
+    names = orphan_shm(before)
+    for name in names:
         try:
             os.unlink(f"/dev/shm/{name}")
         except OSError:
             pass
-    return sorted(candidates)
+    return names
 
 
 def _is_engine_dead(exc: BaseException) -> bool:

@@ -20,7 +20,7 @@ from conftest import cpu_trainer_kwargs  # noqa: E402
 
 from comlrl_lightning.agents import build_agents  # noqa: E402
 from comlrl_lightning.engines import HFEngine, SampleRequest  # noqa: E402
-from comlrl_lightning.engines.vllm import EngineError, VLLMEngine  # noqa: E402
+from comlrl_lightning.engines.vllm import EngineError, VLLMEngine, orphan_shm  # noqa: E402
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward  # noqa: E402
 from comlrl_lightning.generation import SamplingSettings, SamplingStream  # noqa: E402
 
@@ -33,8 +33,9 @@ SMALL_KV = {"kv_cache_memory_bytes": 32 * 2**20}
 
 
 def _leftovers(shm_before: set[str]) -> tuple[list[str], list[str]]:
-    """Child processes still alive (multiprocessing's resource tracker aside) and new /dev/shm entries, after
-    giving exiting processes a few seconds."""
+    """Child processes still alive (multiprocessing's resource tracker aside) and /dev/shm entries created since
+    ``shm_before`` that no live process maps (orphans; entries of another program running on the machine are
+    mapped by it), after giving exiting processes a few seconds."""
     import psutil
 
     deadline = time.monotonic() + 15
@@ -42,7 +43,7 @@ def _leftovers(shm_before: set[str]) -> tuple[list[str], list[str]]:
         kids = [p for p in psutil.Process().children(recursive=True)
                 if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
                 and "resource_tracker" not in " ".join(p.cmdline())]
-        shm = sorted(set(os.listdir("/dev/shm")) - shm_before) if os.path.isdir("/dev/shm") else []
+        shm = orphan_shm(shm_before, prefixes=None)
         if (not kids and not shm) or time.monotonic() > deadline:
             return [f"{p.pid} {p.name()}" for p in kids], shm
         time.sleep(0.5)
@@ -72,7 +73,7 @@ def _engine(team, n, engine):
 
 
 @pytest.mark.parametrize("layout", ["lora", "full"])
-def test_engine_tokens_equal_the_trained_hf_model_after_every_sync(vllm_model_dir, layout):
+def test_engine_tokens_equal_the_trained_hf_model_after_every_sync(vllm_model_dir, layout, tmp_path):
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     n = 2 if layout == "lora" else 1
     lora = {"r": 8, "lora_alpha": 16, "init_lora_weights": False} if layout == "lora" else None
@@ -88,6 +89,23 @@ def test_engine_tokens_equal_the_trained_hf_model_after_every_sync(vllm_model_di
             got, want = _engine(team, n, engine), _hf(team, n)
             assert [s.completion_ids for s in got] == [s.completion_ids for s in want], round_
         assert [s.completion_ids for s in got] != [s.completion_ids for s in first]  # training changed the tokens
+        if layout == "lora":  # a saved snapshot (the history comparator's) is served from this engine, frozen
+            from comlrl_lightning.comparators.local import load_snapshot, served_snapshot
+
+            team.engine = engine  # the snapshot is served by the team's own engine
+            team.save(tmp_path / "snap")
+            for a in range(n):
+                _train(team, a)
+            engine.sync(None)
+            snapshot = served_snapshot(team, tmp_path / "snap")
+            assert snapshot is not None and snapshot.engine.name == "vllm-snapshot"
+            want = [HFEngine(load_snapshot(tmp_path / "snap", n)).sample(a, PROMPTS, 1, GREEDY, SamplingStream(a))
+                    for a in range(n)]
+            served = [s.completion_ids for s in _engine(snapshot, n, snapshot.engine)]
+            assert served == [s.completion_ids for s in want]
+            live = [s.completion_ids for s in _engine(team, n, engine)]
+            assert live == [s.completion_ids for s in _hf(team, n)] and live != served
+            snapshot.engine.close()
         # sampling is reproducible from the stream, and rows of one call are not copies of each other
         settings = SamplingSettings(max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=None)
         x = engine.sample(0, PROMPTS, 3, settings, SamplingStream(7))

@@ -42,8 +42,9 @@ def _build(family: str, model_dir: str, root) -> object:
 
     common = dict(agent_model=model_dir, train_dataset=ITEMS, reward_func=cooperative_reward, formatters=FORMATTERS,
                   lora=LORA, trainer_kwargs=cpu_trainer_kwargs(default_root_dir=str(root)))
-    if family == "madpo_iter":  # the `current` comparator samples through the learner's engine
-        args = MADPOIterConfig(num_iterations=2, train_batch_size=4, **PREFERENCE, **SAMPLING)
+    if family == "madpo_iter":  # the history comparator's LoRA snapshots are served by the learner's engine
+        args = MADPOIterConfig(num_iterations=2, train_batch_size=4, comparator_policy="history", **PREFERENCE,
+                               **SAMPLING)
         return MADPOIterTrainer(eval_dataset=None, args=args, evaluation=False, **common)
     if family == "marlhf":
         return MARLHFTrainer(args=MARLHFConfig(num_train_epochs=1, **MARLHF, **SAMPLING), evaluation=False, **common)
@@ -75,7 +76,13 @@ class _Counting:
 
 
 @pytest.mark.parametrize("family", ["madpo_iter", "marlhf", "marlhf_iter", "magrpo_2turn", "iac", "maac"])
-def test_family_fits_with_vllm(vllm_model_dir, tmp_path, family):
+def test_family_fits_with_vllm(vllm_model_dir, tmp_path, family, monkeypatch):
+    from comlrl_lightning.engines.vllm import AdapterSnapshotEngine
+
+    snapshot_calls = []
+    serve = AdapterSnapshotEngine.sample_many
+    monkeypatch.setattr(AdapterSnapshotEngine, "sample_many",
+                        lambda self, *a, **k: snapshot_calls.append(self.adapter_dirs) or serve(self, *a, **k))
     tr = _build(family, vllm_model_dir, tmp_path)
     engine = tr.module.team.engine
     assert isinstance(engine, VLLMEngine)
@@ -84,3 +91,5 @@ def test_family_fits_with_vllm(vllm_model_dir, tmp_path, family):
     assert tr.trainer.global_step > 0
     assert counter.calls > 0
     assert not engine.started  # closed at the end of fit
+    if family == "madpo_iter":  # one comparator call per round, each on that round's snapshot folders
+        assert len(snapshot_calls) == 2 and all("policy_checkpoints" in d for dirs in snapshot_calls for d in dirs)

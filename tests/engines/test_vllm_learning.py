@@ -46,7 +46,7 @@ def test_single_turn_magrpo_learns_with_vllm_rollouts(vllm_model_dir):
     dm = tr.datamodule
     eval_items = load_task_items("builtin:cooperative_eval")
 
-    def evaluate():  # the trained torch weights, sampled with the HF reference engine and fixed evaluation seeds
+    def evaluate():  # sampled through the team's engine (vLLM, with the trained weights), fixed evaluation seeds
         return evaluate_team(tr.team, eval_items, dm.formatters, dm.oracle, tr.module.sampling_settings(), 12345,
                              8)["eval/reward_mean"]
 
@@ -54,9 +54,11 @@ def test_single_turn_magrpo_learns_with_vllm_rollouts(vllm_model_dir):
     tr.train()
     after = evaluate()
     print(f"single-turn MAGRPO with vLLM rollouts, seed {LEARNING_SEED}: {before:.3f} -> {after:.3f}")
-    # The same job with HF rollouts on this model (seeds 0-3): 0.875 -> 1.500 / 1.416 / 1.500 / 1.477 (gains +0.54 to
-    # +0.62; the reward's maximum is 1.5). The 0.3 margin is the HF learning test's.
-    assert after - before > 0.3, (before, after)
+    # Measured on this model, seeds 0 / 1 / 2: with vLLM rollouts 0.878 -> 1.197 / 1.323 / 1.215 (gains +0.32, +0.45,
+    # +0.34); the same job with HF rollouts gains +0.62 / +0.54 / +0.63 (docs/engines.md, "Learning with vLLM
+    # rollouts": weights and sampling were checked identical, the gap is not explained yet). The 0.2 bar is ~5
+    # standard errors of the 64-sample evaluation mean above zero and 0.12 below the smallest measured gain.
+    assert after - before > 0.2, (before, after)
 
 
 def _engine_core_pids() -> list[int]:
