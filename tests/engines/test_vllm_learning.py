@@ -54,9 +54,8 @@ def test_single_turn_magrpo_learns_with_vllm_rollouts(vllm_model_dir):
     tr.train()
     after = evaluate()
     print(f"single-turn MAGRPO with vLLM rollouts, seed {LEARNING_SEED}: {before:.3f} -> {after:.3f}")
-    # Measured on this model, seeds 0 / 1 / 2: with vLLM rollouts 0.878 -> 1.197 / 1.323 / 1.215 (gains +0.32, +0.45,
-    # +0.34); the same job with HF rollouts gains +0.62 / +0.54 / +0.63 (docs/engines.md, "Learning with vLLM
-    # rollouts": weights and sampling were checked identical, the gap is not explained yet). The 0.2 bar is ~5
+    # Measured on this model, seeds 0-4: with vLLM rollouts gains +0.32 +0.45 +0.34 +0.59 +0.51; the same job with HF
+    # rollouts +0.62 +0.54 +0.63 +0.60 +0.54 (docs/engines.md, "Learning with vLLM rollouts"). The 0.2 bar is ~5
     # standard errors of the 64-sample evaluation mean above zero and 0.12 below the smallest measured gain.
     assert after - before > 0.2, (before, after)
 
