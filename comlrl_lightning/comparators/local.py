@@ -290,9 +290,9 @@ def served_snapshot(team: AgentTeam, directory: Path) -> AgentTeam | None:
     (same base, same tokenizers); its engine samples the snapshot's adapters."""
     serve = getattr(engine_of(team), "snapshot_engine", None)
     dirs = [directory / f"agent_{i}" for i in range(team.num_agents)]
-    if serve is None or not team.uses_lora or not all((d / "adapter_config.json").is_file() for d in dirs):
+    if serve is None or not all((d / "adapter_config.json").is_file() for d in dirs):
         return None
-    engine = serve(dirs)
+    engine = serve(dirs)  # None when the engine does not serve LoRA agents
     if engine is None:
         return None
     return AgentTeam(list(team.models), list(team.tokenizers), list(team.adapters), [str(d) for d in dirs],

@@ -33,7 +33,13 @@ from comlrl_lightning.config.rl import MAGRPOConfig, MAREINFORCEConfig, MAReMaxC
 from comlrl_lightning.config.sampling import JOINT_MODE_ALIASES, check_sampling
 from comlrl_lightning.config.secrets import _SECRET_HEADER_WORDS, redact_secrets
 
+# Every public config dataclass: the ``args`` a module saves among its hyper-parameters (a checkpoint holds the
+# object, so weights_only loading allow-lists these classes: comlrl_lightning.modules.base).
+CONFIG_CLASSES = (MADPOConfig, MADPOIterConfig, MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig,
+                  IACConfig, MAACConfig, MARLHFConfig, MARLHFIterConfig)
+
 __all__ = [
+    "CONFIG_CLASSES",
     "API_FORMAT_ALIASES",
     "COMPARATOR_POLICY_ALIASES",
     "GENERATION_MODE_ALIASES",

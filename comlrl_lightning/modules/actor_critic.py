@@ -52,9 +52,6 @@ from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
 from comlrl_lightning.nets.critics import build_critics, joint_critic_text, right_pad
 from comlrl_lightning.tiny import TINY_MODEL_NAME
 
-# ``args`` is saved with the hyper-parameters; Lightning loads checkpoints with ``weights_only=True``.
-torch.serialization.add_safe_globals([IACConfig, MAACConfig])
-
 
 class ActorCriticModule(TeamModuleBase):
     """IAC or MAAC, chosen by the type of ``args``.

@@ -38,6 +38,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from comlrl_lightning.agents import AgentTeam, build_agents
+from comlrl_lightning.config import CONFIG_CLASSES
 from comlrl_lightning.config.secrets import redact_secrets
 from comlrl_lightning.data.tasks import PREDICT_REFUSED
 from comlrl_lightning.devices import common_device, device_of, resolve_devices
@@ -46,6 +47,10 @@ from comlrl_lightning.engines import build_engine
 from comlrl_lightning.evaluation import evaluate_team
 from comlrl_lightning.files import state_digest
 from comlrl_lightning.generation import SamplingSettings, SamplingStream
+
+# Every module saves its ``args`` config object among its hyper-parameters, and Lightning's fit(ckpt_path=...)
+# loads checkpoints with ``weights_only=True``: the config classes are allow-listed once, here.
+torch.serialization.add_safe_globals(list(CONFIG_CLASSES))
 
 
 def save_redacted_hyperparameters(module: L.LightningModule, ignore: Sequence[str] = (), frame: Any = None) -> None:

@@ -28,10 +28,6 @@ from comlrl_lightning.metrics import mean_across_ranks
 from comlrl_lightning.modules.base import TeamModuleBase
 from comlrl_lightning.tiny import TINY_MODEL_NAME
 
-# ``args`` is saved with the hyper-parameters; allow our plain config dataclasses in weights_only loads
-# (Lightning's ``fit(ckpt_path=...)`` loads checkpoints with ``weights_only=True``).
-torch.serialization.add_safe_globals([MADPOConfig, MADPOIterConfig])
-
 
 class MADPOModule(TeamModuleBase):
     """Multi-agent DPO (docs/preference.md §7).

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from comlrl_lightning.config import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
+from comlrl_lightning.config import MAGRPOConfig
 from comlrl_lightning.data.tasks import format_prompts
 from comlrl_lightning.distributed import world
 from comlrl_lightning.engines import SampleRequest, engine_of
@@ -48,9 +48,6 @@ from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
 from comlrl_lightning.multiturn.tree import AgentDraw, NodeSample, build_trees, node_samples
 from comlrl_lightning.reference import ReferencePolicies, sequence_kl
 from comlrl_lightning.tiny import TINY_MODEL_NAME
-
-# the args object is a hyperparameter of the checkpoint, which resume loads weights_only
-torch.serialization.add_safe_globals([MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig])
 
 
 def completion_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], tokenizer

@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -28,8 +27,6 @@ from comlrl_lightning.config import MAGRPO_FAMILY, MARLHFConfig, MARLHFIterConfi
 from comlrl_lightning.modules.actor_critic import ActorCriticModule
 from comlrl_lightning.modules.magrpo import MAGRPOModule
 from comlrl_lightning.tiny import TINY_MODEL_NAME
-
-torch.serialization.add_safe_globals([MARLHFConfig, MARLHFIterConfig])
 
 ALGORITHM_NAMES = {"magrpo": "MAGRPO", "mareinforce": "MAREINFORCE", "maremax": "MAReMax", "marloo": "MARLOO",
                    "maac": "MAAC", "iac": "IAC"}

@@ -95,3 +95,20 @@ def test_learning_rates_are_logged_per_agent(tiny_model_dir, tmp_path):
                         **cpu_trainer_kwargs(default_root_dir=str(tmp_path), logger=True))
     trainer.fit(module, datamodule=dm)
     assert set(monitor.lrs) == {"lr-agent0", "lr-agent1"}
+
+
+def test_every_public_config_loads_from_a_weights_only_checkpoint(tmp_path):
+    """Each module saves its ``args`` in the checkpoint and Lightning resumes ``weights_only``: every public config
+    dataclass must be allow-listed (MAGRPO's were not, once), and the list must not miss a config added later."""
+    import dataclasses
+
+    import comlrl_lightning.config as config
+    import comlrl_lightning.modules  # noqa: F401 - registers the allow-list
+
+    public = {getattr(config, name) for name in config.__all__
+              if name.endswith("Config") and dataclasses.is_dataclass(getattr(config, name))}
+    assert public == set(config.CONFIG_CLASSES)
+    for cls in config.CONFIG_CLASSES:
+        torch.save({"hyper_parameters": {"args": cls()}}, tmp_path / "c.pt")
+        loaded = torch.load(tmp_path / "c.pt", weights_only=True)["hyper_parameters"]["args"]
+        assert loaded == cls(), cls.__name__
