@@ -3,7 +3,9 @@
 ``prepare(round_index)`` runs at every round boundary (``on_fit_start`` for round 0, ``on_train_epoch_end``
 of round t's last epoch for round t+1), before IterativePreferenceCollection samples; ``release()`` runs
 in the next ``on_train_epoch_start``, once the round's pairs exist. This is what rebuilds the
-``current_copy`` copy per round and loads the right ``history`` snapshot. The comparator is the round
+``current_copy`` copy per round and loads the right ``history`` snapshot. At the end of the run (teardown, and on
+an exception or Ctrl-C) it calls the comparator's ``close()``, which frees what is kept across rounds (e.g. the
+vLLM engine of a ``model`` comparator). The comparator is the round
 data's (``datamodule.comparator_for``): the one configured under ``data:``, the ``comparator`` argument
 given here (handed to the data module), or the source built from the module's ``args``.
 """
@@ -63,6 +65,18 @@ class ComparatorRefresh(L.Callback):
         if self.prepared is not None and hasattr(self.comparator, "release"):
             self.comparator.release()
         self.prepared = None
+
+    def _close(self) -> None:
+        close = getattr(self.comparator, "close", None)
+        if callable(close):
+            close()
+        self.prepared = None
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._close()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._close()
 
     def state_dict(self) -> dict:
         return {"next_round": self.next_round}

@@ -10,8 +10,11 @@ round's collection, ``release()`` once the round's pairs exist, and ``state_dict
 * ``current``: the live agents, sampled in the comparator's own seeded streams (one per agent), so its
   samples differ from the agents' and the agents' streams are never advanced by it.
 * ``current_copy``: a frozen deep copy of the current weights on ``comparator_devices``, rebuilt per round,
-  only when those devices differ from the agents' (or ``always_copy=True``); otherwise the live agents.
-* ``model``: ``comparator_model_name`` (every role) or ``comparator_agents`` (per role), loaded once.
+  only when those devices differ from the agents' (or ``always_copy=True``); otherwise the live agents. A team
+  on a non-HF engine (vLLM) is never copied: its engine serves the current weights, which no optimizer step
+  changes during a collection phase.
+* ``model``: ``comparator_model_name`` (every role) or ``comparator_agents`` (per role), loaded once; served by an
+  engine of the learner's backend (:func:`served_like`), closed by :meth:`LocalComparator.close`.
 * ``history``: the policy snapshot k rounds back (:func:`history_snapshot_dir`), loaded when it changes; LoRA
   snapshots of a team on the vLLM engine are served by that engine instead (:func:`served_snapshot`).
 * ``api``: an HTTP endpoint (:class:`~comlrl_lightning.comparators.api.APIComparator`).
@@ -85,6 +88,23 @@ def _freeze(team: AgentTeam, devices: Sequence[torch.device]) -> AgentTeam:
     return team
 
 
+def served_like(live: AgentTeam, team: AgentTeam) -> AgentTeam:
+    """Give the comparator team ``team`` an engine of the live team's backend and settings, when that engine can
+    make one (``engine_for``: the vLLM engine; docs/engines.md "Comparators"); with the HF engine ``team`` keeps
+    the default (HF ``generate`` on its own models)."""
+    make = getattr(engine_of(live), "engine_for", None)
+    if make is not None:
+        team.engine = make(team)
+    return team
+
+
+def _close_own_engine(team: AgentTeam | None, live: AgentTeam | None) -> None:
+    """Close ``team``'s engine unless it is the live team's (a comparator never closes the learner's engine)."""
+    engine = getattr(team, "engine", None)
+    if engine is not None and engine is not getattr(live, "engine", None):
+        engine.close()
+
+
 class LocalComparator:
     """Base of the local sources: per-agent comparator streams and the learner's sampling settings.
 
@@ -115,6 +135,10 @@ class LocalComparator:
 
     def release(self) -> None:
         """Free what ``prepare`` built (default: nothing)."""
+
+    def close(self) -> None:
+        """End of the run (ComparatorRefresh calls it on teardown and on exceptions): free everything, including
+        what is kept across rounds (default: nothing)."""
 
     def team(self) -> AgentTeam:
         return self.pl_module.team
@@ -177,6 +201,8 @@ class CurrentCopyComparator(LocalComparator):
         self.release()
         if devices == agent_devices and not self.always_copy:
             return
+        if getattr(engine_of(live), "engine_for", None) is not None:
+            return  # a vLLM team: its engine serves the current weights, unchanged while the round is collected
         copies: dict[int, torch.nn.Module] = {}
         for m in live.models:
             if id(m) not in copies:
@@ -186,6 +212,9 @@ class CurrentCopyComparator(LocalComparator):
 
     def release(self) -> None:
         self.copy = None
+
+    def close(self) -> None:
+        self.release()
 
     def team(self) -> AgentTeam:
         if self.copy is None and self.always_copy:  # called mid-round without a prepared copy
@@ -238,7 +267,11 @@ class ModelComparator(LocalComparator):
             team.names = list(sources)
         else:
             team = build_agents(agents=sources, num_agents=n, tokenizer=tok, model_config=self.model_config)
-        self.loaded = _freeze(team, devices)
+        self.loaded = served_like(live, _freeze(team, devices))
+
+    def close(self) -> None:
+        _close_own_engine(self.loaded, getattr(self.pl_module, "team", None))
+        self.loaded = None
 
     def team(self) -> AgentTeam:
         if self.loaded is None:
@@ -347,11 +380,12 @@ class HistoryComparator(LocalComparator):
         self.loaded, self.loaded_from = _freeze(team, devices), target
 
     def release(self) -> None:
-        engine = getattr(self.loaded, "engine", None)
-        if engine is not None and engine is not getattr(self.pl_module.team, "engine", None):
-            engine.close()
+        _close_own_engine(self.loaded, getattr(self.pl_module, "team", None))
         self.loaded = None
         self.loaded_from = None
+
+    def close(self) -> None:
+        self.release()
 
     def team(self) -> AgentTeam:
         if self.loaded is None:

@@ -361,6 +361,11 @@ class VLLMEngine:
         self._push([r.agent_index for r in requests])
         return self._serve(requests, settings, lambda server, agent: server.loras.get(agent))
 
+    def engine_for(self, team: Any) -> VLLMEngine:
+        """A new engine, with this engine's settings, for another team that is not trained (e.g. a ``model``
+        comparator's agents): it starts on its first call and never receives weight pushes; the caller closes it."""
+        return VLLMEngine(team, self.vllm_kwargs, self.workdir_root)
+
     def snapshot_engine(self, adapter_dirs: Sequence[str | os.PathLike]) -> AdapterSnapshotEngine | None:
         """An engine serving saved LoRA adapters of this team (``adapter_dirs[i]`` for agent i, e.g. the history
         comparator's snapshots) from this engine's base model, or None when this engine does not serve LoRA agents.

@@ -191,3 +191,68 @@ def test_api_policy_builds_the_http_client_when_available():
     args = iter_args(comparator_policy="api", comparator_api_url="http://127.0.0.1:9/v1")
     comp = build_comparator(args)
     assert comp.policy == "api" and hasattr(comp.client, "generate")
+
+
+class _SpawningEngine:
+    """An HF engine that, like the vLLM one, makes engines for comparator teams (``engine_for``) and records
+    which teams it served and which engines were closed."""
+
+    closed: list = []
+    made: list = []
+
+    def __init__(self, team):
+        from comlrl_lightning.engines import HFEngine
+
+        self.team, self.inner, self.calls = team, HFEngine(team), 0
+
+    def sample(self, *a, **k):
+        self.calls += 1
+        return self.inner.sample(*a, **k)
+
+    def sample_many(self, requests, settings):
+        self.calls += 1
+        return self.inner.sample_many(requests, settings)
+
+    def sync(self, agent_indices=None):
+        pass
+
+    def close(self):
+        _SpawningEngine.closed.append(self)
+
+    def engine_for(self, team):
+        engine = _SpawningEngine(team)
+        _SpawningEngine.made.append(engine)
+        return engine
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_model_comparator_on_the_learners_backend_is_closed_at_the_end(tiny_model_dir, tmp_path, fails):
+    """A learner engine that can make engines (vLLM's ``engine_for``) serves the ``model`` comparator with an engine
+    of its own, sampled in every round and kept across rounds; ComparatorRefresh closes it when the fit ends or
+    fails, and never closes the learner's engine. ``current_copy`` on such an engine makes no torch copy."""
+    import lightning as L
+
+    _SpawningEngine.closed, _SpawningEngine.made = [], []
+    args = iter_args(num_iterations=2, comparator_policy="model", comparator_model_name=str(tiny_model_dir))
+
+    class Boom(L.Callback):
+        def on_train_epoch_end(self, trainer, pl_module):
+            if fails and trainer.current_epoch == 1:
+                raise RuntimeError("stop here")
+
+    tr = make_trainer(tiny_model_dir, tmp_path, args=args, num_items=3, callbacks=[Boom()])
+    live = _SpawningEngine(tr.module.team)
+    tr.module.team.engine = live
+    if fails:
+        with pytest.raises(RuntimeError, match="stop here"):
+            tr.train()
+    else:
+        tr.train()
+    (served,) = _SpawningEngine.made  # one engine for the comparator, made once for both rounds
+    assert served.team is not tr.module.team and served.calls >= 2
+    assert live.calls >= 2 and _SpawningEngine.closed == [served]
+
+    copy = CurrentCopyComparator(always_copy=True)
+    copy.setup(None, tr.module)
+    copy.prepare(0)
+    assert copy.copy is None and copy.team() is tr.module.team

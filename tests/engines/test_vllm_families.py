@@ -93,3 +93,32 @@ def test_family_fits_with_vllm(vllm_model_dir, tmp_path, family, monkeypatch):
     assert not engine.started  # closed at the end of fit
     if family == "madpo_iter":  # one comparator call per round, each on that round's snapshot folders
         assert len(snapshot_calls) == 2 and all("policy_checkpoints" in d for dirs in snapshot_calls for d in dirs)
+
+
+def test_model_comparator_is_served_by_a_vllm_engine_of_its_own(vllm_model_dir, tmp_path, monkeypatch):
+    """``comparator_policy="model"`` with vLLM learners: the comparator model gets its own vLLM engine (the
+    learner's settings), which samples the comparator side and is shut down when the fit ends."""
+    from comlrl_lightning.config import MADPOIterConfig
+    from comlrl_lightning.trainers.iterative import MADPOIterTrainer
+
+    made, counters = [], []
+    engine_for = VLLMEngine.engine_for
+
+    def counted_engine_for(self, team):
+        made.append(engine_for(self, team))
+        counters.append(_Counting(made[-1]))
+        return made[-1]
+
+    monkeypatch.setattr(VLLMEngine, "engine_for", counted_engine_for)
+    args = MADPOIterConfig(num_iterations=1, train_batch_size=4, comparator_policy="model",
+                           comparator_model_name=vllm_model_dir, **PREFERENCE, **SAMPLING)
+    tr = MADPOIterTrainer(agent_model=vllm_model_dir, train_dataset=ITEMS, reward_func=cooperative_reward,
+                          formatters=FORMATTERS, lora=LORA, eval_dataset=None, args=args, evaluation=False,
+                          trainer_kwargs=cpu_trainer_kwargs(default_root_dir=str(tmp_path)))
+    learner = _Counting(tr.module.team.engine)
+    tr.train()
+    (comparator_engine,) = made
+    assert not comparator_engine.lora and comparator_engine.team is not tr.module.team
+    assert learner.calls > 0 and counters[0].calls > 0 and tr.trainer.global_step > 0
+    assert not comparator_engine.started and not tr.module.team.engine.started  # both shut down
+    assert tr.collection.history[0]["round/num_pairs"] > 0
