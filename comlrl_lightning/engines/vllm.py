@@ -32,6 +32,7 @@ import random
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -112,10 +113,16 @@ class _Server:
         self.died = False
         self.workers: list[Any] = []  # psutil processes under the engine core (they outlive a killed core)
 
-    def watch(self) -> None:
-        """A daemon thread that wakes a call blocked on a dead engine: vLLM's synchronous client marks the engine
-        dead when its core process exits, but a ``generate`` already waiting for outputs would wait forever; the
-        thread hands it an ``EngineDeadError`` instead."""
+    def watch(self, poll: float = 0.2) -> None:
+        """A daemon thread that wakes every call blocked on a dead engine. vLLM's synchronous client marks the engine
+        dead when its core process exits, but two kinds of call already waiting would wait forever:
+
+        * a ``generate`` waiting for outputs: it is handed an ``EngineDeadError`` through the client's output queue;
+        * a utility call (adapter removal, weight reload, prefix-cache reset): it waits on a future that only the
+          dead core could answer, with no timeout. Every pending future is failed with ``EngineDeadError``, and
+          again every ``poll`` seconds until the engine is closed, so a call that registered its future just after
+          the death (it passed the alive check a moment before) is failed too.
+        """
         client = self.llm.llm_engine.engine_core
         manager = getattr(getattr(client, "resources", None), "engine_manager", None)
         processes = list(getattr(manager, "processes", []) or [])
@@ -133,12 +140,14 @@ class _Server:
         def run() -> None:
             from multiprocessing.connection import wait
 
-            from vllm.v1.engine.exceptions import EngineDeadError
-
             wait([p.sentinel for p in processes])
-            if not self.closing:
-                self.died = True
-                queue.put_nowait(EngineDeadError())
+            if self.closing:
+                return
+            self.died = True
+            queue.put_nowait(_engine_dead_error())
+            while not self.closing:
+                fail_pending(getattr(client, "utility_results", None) or {})
+                time.sleep(poll)
 
         threading.Thread(target=run, daemon=True, name=f"comlrl-vllm-watch-{self.label}").start()
 
@@ -575,6 +584,32 @@ def _unlink_orphan_shm(before: set[str]) -> list[str]:
         except OSError:
             pass
     return names
+
+
+def _engine_dead_error() -> Exception:
+    """vLLM's ``EngineDeadError`` (an :class:`EngineError` where vLLM does not have that class)."""
+    try:
+        from vllm.v1.engine.exceptions import EngineDeadError
+    except ImportError:  # other vLLM versions
+        return EngineError("the engine core process died")
+    return EngineDeadError()
+
+
+def fail_pending(futures: dict) -> int:
+    """Fail every future of ``futures`` (vLLM's pending utility calls, by call id) that is not done yet with an
+    engine-dead error; returns how many were failed. A future completed meanwhile is left as it is."""
+    from concurrent.futures import InvalidStateError
+
+    failed = 0
+    for future in list(futures.values()):
+        if future.done():
+            continue
+        try:
+            future.set_exception(_engine_dead_error())
+            failed += 1
+        except InvalidStateError:  # completed between the check and the call
+            pass
+    return failed
 
 
 def _is_engine_dead(exc: BaseException) -> bool:

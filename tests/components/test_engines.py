@@ -178,3 +178,44 @@ def test_generation_backend_is_reachable_from_yaml(config, capsys):
     assert exc.value.code == 0
     printed = capsys.readouterr().out
     assert "generation_backend: vllm" in printed and "kv_cache_memory_bytes: 67108864" in printed
+
+
+def test_watch_fails_every_call_blocked_on_a_dead_engine_core():
+    """The vLLM engine's watch thread, on a stand-in client (no vLLM needed): when the engine core process dies, a
+    generate waiting on the output queue gets an engine-dead error, and so does every pending utility call (they
+    wait on futures only the core could answer, with no timeout: the cause of a hung resume test), including one
+    registered after the death."""
+    import multiprocessing
+    import queue
+    import time
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from comlrl_lightning.engines.vllm import _Server, fail_pending
+
+    done, pending = Future(), Future()
+    done.set_result("ok")
+    assert fail_pending({1: done, 2: pending}) == 1 and done.result() == "ok" and pending.exception() is not None
+
+    core = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(600,), daemon=True)
+    core.start()
+    waiting = Future()
+    client = SimpleNamespace(resources=SimpleNamespace(engine_manager=SimpleNamespace(processes=[core])),
+                             outputs_queue=queue.Queue(), utility_results={7: waiting})
+    server = _Server([0], "folder", "agent 0")
+    server.llm = SimpleNamespace(llm_engine=SimpleNamespace(engine_core=client))
+    server.watch(poll=0.05)
+    try:
+        assert not server.dead()
+        core.kill()
+        core.join(60)
+        died = client.outputs_queue.get(timeout=60)  # what a blocked generate receives
+        assert isinstance(died, Exception) and server.dead()
+        assert isinstance(waiting.exception(timeout=60), Exception)  # a utility call waiting at the death
+        late = Future()
+        client.utility_results[8] = late  # registered after the death: failed by the next poll
+        assert isinstance(late.exception(timeout=60), Exception)
+    finally:
+        server.closing = True
+        if core.is_alive():
+            core.kill()
