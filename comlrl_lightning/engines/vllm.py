@@ -560,8 +560,19 @@ def orphan_shm(before: set[str], prefixes: tuple[str, ...] | None = ("psm_", "se
     """The ``/dev/shm`` entries created since ``before`` that no live process maps any more: what a killed vLLM
     process leaves behind (entries of other live programs, e.g. another engine on the machine, are mapped and so
     not counted). ``prefixes``: only names with these prefixes (default: the shared-memory segments and semaphores
-    of Python's multiprocessing, which vLLM uses); None: every name."""
-    candidates = {n for n in _shm_names() - before if prefixes is None or n.startswith(prefixes)}
+    of Python's multiprocessing, which vLLM uses); None: every name.
+
+    An entry is matched to the mappings of ``/proc/*/maps`` by its inode, not by its name: a POSIX named semaphore
+    is mapped under the temporary name it was created with (``/dev/shm/sem.XXXXXX (deleted)``) and only then linked
+    to its real name, so a name match would call every live semaphore an orphan."""
+    candidates: dict[int, str] = {}
+    for name in _shm_names() - before:
+        if prefixes is not None and not name.startswith(prefixes):
+            continue
+        try:
+            candidates[os.stat(f"/dev/shm/{name}").st_ino] = name
+        except OSError:  # removed meanwhile
+            pass
     if not candidates:
         return []
     for maps in Path("/proc").glob("[0-9]*/maps"):
@@ -569,10 +580,13 @@ def orphan_shm(before: set[str], prefixes: tuple[str, ...] | None = ("psm_", "se
             text = maps.read_text()
         except OSError:
             continue
-        candidates = {n for n in candidates if f"/dev/shm/{n}" not in text}
+        for line in text.splitlines():
+            fields = line.split(None, 5)
+            if len(fields) == 6 and fields[5].startswith("/dev/shm/") and fields[4].isdigit():
+                candidates.pop(int(fields[4]), None)
         if not candidates:
             return []
-    return sorted(candidates)
+    return sorted(candidates.values())
 
 
 def _unlink_orphan_shm(before: set[str]) -> list[str]:

@@ -219,3 +219,29 @@ def test_watch_fails_every_call_blocked_on_a_dead_engine_core():
         server.closing = True
         if core.is_alive():
             core.kill()
+
+
+def test_orphan_shm_counts_unmapped_entries_and_never_a_live_semaphore():
+    """The clean-up after a killed engine removes only entries no live process maps. A live multiprocessing
+    semaphore is mapped under its creation name (``sem.XXXXXX (deleted)``), not its real one: matched by name, it
+    was taken for an orphan and unlinked under another running program (an engine starting beside it failed)."""
+    import multiprocessing
+    from multiprocessing import shared_memory
+
+    from comlrl_lightning.engines.vllm import _shm_names, orphan_shm
+
+    before = _shm_names()
+    lock = multiprocessing.get_context("spawn").Lock()  # a live named semaphore
+    live = shared_memory.SharedMemory(create=True, size=4096)  # mapped by this process
+    left = shared_memory.SharedMemory(create=True, size=4096)
+    left.close()  # no longer mapped by anyone: what a killed process leaves behind
+    try:
+        (sem,) = [n for n in _shm_names() - before if n.startswith("sem.mp-")]
+        found = orphan_shm(before)
+        assert left.name.lstrip("/") in found
+        assert live.name.lstrip("/") not in found and sem not in found
+    finally:
+        live.close()
+        live.unlink()
+        left.unlink()
+        del lock
