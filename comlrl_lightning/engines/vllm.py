@@ -6,8 +6,8 @@ Team layouts:
   :meth:`VLLMEngine.sample_many` call serves every agent's request in one ``generate`` with one adapter per
   prompt. Base-model requests are never put in such a call (vLLM was measured giving them the last adapter):
   this engine serves the agents and, in calls of their own, saved adapters of the same team
-  (:meth:`VLLMEngine.snapshot_engine`: the history comparator's snapshots); comparators with other weights keep
-  their own (HF) engine.
+  (:meth:`VLLMEngine.snapshot_engine`: the history comparator's snapshots); a comparator team with weights of its
+  own (``model``) gets an engine of its own (:meth:`VLLMEngine.engine_for`).
 * **Full-model agents**: one ``vllm.LLM`` per distinct agent model.
 
 Weight sync is lazy: :meth:`VLLMEngine.sync` marks agents stale, and the next generation first pushes their
