@@ -54,8 +54,8 @@ def test_single_turn_magrpo_learns_with_vllm_rollouts(vllm_model_dir):
     tr.train()
     after = evaluate()
     print(f"single-turn MAGRPO with vLLM rollouts, seed {LEARNING_SEED}: {before:.3f} -> {after:.3f}")
-    # Measured on this model, seeds 0-4: with vLLM rollouts gains +0.32 +0.45 +0.34 +0.59 +0.51; the same job with HF
-    # rollouts +0.62 +0.54 +0.63 +0.60 +0.54 (docs/engines.md, "Learning with vLLM rollouts"). The 0.2 bar is ~5
+    # Measured on this model, seeds 0-9: with vLLM rollouts gains +0.32 to +0.62 (mean +0.51); the same job with HF
+    # rollouts +0.53 to +0.63 (mean +0.59) (docs/engines.md, "Learning with vLLM rollouts"). The 0.2 bar is ~5
     # standard errors of the 64-sample evaluation mean above zero and 0.12 below the smallest measured gain.
     assert after - before > 0.2, (before, after)
 
