@@ -88,11 +88,17 @@ def _freeze(team: AgentTeam, devices: Sequence[torch.device]) -> AgentTeam:
     return team
 
 
+def _engine_maker(live: AgentTeam) -> Any:
+    """The live team's engine's ``engine_for`` (the vLLM engine: it makes engines for comparator teams), or None
+    (the HF engine, which samples any team's own models)."""
+    return getattr(engine_of(live), "engine_for", None)
+
+
 def served_like(live: AgentTeam, team: AgentTeam) -> AgentTeam:
     """Give the comparator team ``team`` an engine of the live team's backend and settings, when that engine can
-    make one (``engine_for``: the vLLM engine; docs/engines.md "Comparators"); with the HF engine ``team`` keeps
-    the default (HF ``generate`` on its own models)."""
-    make = getattr(engine_of(live), "engine_for", None)
+    make one (:func:`_engine_maker`; docs/engines.md "Comparators"); with the HF engine ``team`` keeps the default
+    (HF ``generate`` on its own models)."""
+    make = _engine_maker(live)
     if make is not None:
         team.engine = make(team)
     return team
@@ -201,7 +207,7 @@ class CurrentCopyComparator(LocalComparator):
         self.release()
         if devices == agent_devices and not self.always_copy:
             return
-        if getattr(engine_of(live), "engine_for", None) is not None:
+        if _engine_maker(live) is not None:
             return  # a vLLM team: its engine serves the current weights, unchanged while the round is collected
         copies: dict[int, torch.nn.Module] = {}
         for m in live.models:

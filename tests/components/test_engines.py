@@ -183,7 +183,7 @@ def test_generation_backend_is_reachable_from_yaml(config, capsys):
 def test_watch_fails_every_call_blocked_on_a_dead_engine_core():
     """The vLLM engine's watch thread, on a stand-in client (no vLLM needed): when the engine core process dies, a
     generate waiting on the output queue gets an engine-dead error, and so does every pending utility call (they
-    wait on futures only the core could answer, with no timeout: the cause of a hung resume test), including one
+    wait on futures only the core could answer, with no timeout: the likely cause of a hung resume test), including one
     registered after the death."""
     import multiprocessing
     import queue
