@@ -86,6 +86,7 @@ def bench_generation(model_dir: str, args: argparse.Namespace) -> dict:
     t = time.perf_counter()
     engines["vllm"].start()
     start_s = time.perf_counter() - t
+    ops = engines["vllm"].servers[0].llm.collective_rpc("comlrl_lora_ops")[0]
     times: dict[str, list[float]] = {"hf": [], "vllm": []}
     tokens: dict[str, int] = {}
     try:
@@ -100,7 +101,7 @@ def bench_generation(model_dir: str, args: argparse.Namespace) -> dict:
                     times[name].append(dt)
     finally:
         engines["vllm"].close()
-    result = {"start_s": start_s}
+    result = {"start_s": start_s, "ops": ops}
     for name in engines:
         med = statistics.median(times[name])
         result[name] = (med, tokens[name] / med, tokens[name])
@@ -149,9 +150,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads for HF (default 1)")
     parser.add_argument("--quick", action="store_true", help="3 repetitions, 16 prompts")
     parser.add_argument("--fit", action="store_true", help="also time a 2-turn MAGRPO fit per backend")
+    parser.add_argument("--lora-ops", choices=("grouped", "vllm"), default="grouped",
+                        help="vLLM's CPU LoRA ops: ours, grouped by adapter (default), or vLLM's own")
     parser.add_argument("--layout", choices=("lora", "full"), default="lora",
                         help="2 LoRA agents on one base (default) or 1 full-model agent")
     args = parser.parse_args()
+    os.environ["COMLRL_VLLM_LORA_OPS"] = args.lora_ops
     if args.quick:
         args.reps, args.prompts = 3, 16
     import torch
@@ -164,7 +168,7 @@ def main() -> None:
             r = bench_generation(model_dir, args)
             team = "2 LoRA agents" if args.layout == "lora" else "1 full-model agent"
             print(f"[{name}] {team} x {args.prompts} prompts x {args.candidates} samples x {args.tokens} "
-                  f"tokens; vLLM engine start {r['start_s']:.1f} s (not timed below)")
+                  f"tokens; vLLM engine start {r['start_s']:.1f} s (not timed below), {r['ops']} LoRA ops")
             for backend in ("hf", "vllm"):
                 med, rate, n = r[backend]
                 print(f"[{name}] {backend:>4}: {med:7.3f} s per level ({n} tokens), {rate:8.1f} tokens/s")

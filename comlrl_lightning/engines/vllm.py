@@ -59,7 +59,8 @@ _EXTRA_TO_VLLM = {"repetition_penalty": "repetition_penalty", "min_new_tokens": 
 CPU_DEFAULTS = {"kv_cache_memory_bytes": 256 * 2**20, "enforce_eager": True, "enable_chunked_prefill": False}
 
 
-#: Worker mix-in that reloads full weights (and a tied ``lm_head``) in vLLM's worker process.
+#: Worker mix-in (every engine): reloads full weights (and a tied ``lm_head``) in vLLM's worker process and, on
+#: CPU, runs LoRA adapters through the grouped ops of :mod:`.vllm_lora_ops`.
 WORKER_EXTENSION = "comlrl_lightning.engines.vllm_worker.WeightSyncExtension"
 
 
@@ -261,8 +262,7 @@ class VLLMEngine:
         if self.lora:
             ranks = [int(c.r) for c in model.peft_config.values()]
             kwargs.update(enable_lora=True, max_loras=len(server.agents), max_lora_rank=_lora_rank(max(ranks)))
-        else:
-            kwargs["worker_extension_cls"] = WORKER_EXTENSION
+        kwargs["worker_extension_cls"] = WORKER_EXTENSION
         kwargs.update(self.vllm_kwargs)
         return kwargs
 

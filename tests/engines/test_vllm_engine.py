@@ -64,6 +64,42 @@ def _train(team, agent: int, steps: int = 3, lr: float = 3e-2) -> None:
         model.eval()
 
 
+def test_grouped_lora_ops_match_vllms_cpu_ops_and_are_installed_in_its_modules():
+    """Ours against vLLM's own CPU LoRA ops on random inputs (adapter rows grouped and interleaved), for all six."""
+    import importlib
+
+    from comlrl_lightning.engines import vllm_lora_ops as ours
+
+    names = ("vllm.lora.ops.torch_ops.lora_ops", "vllm.lora.ops.torch_ops", "vllm.lora.punica_wrapper.punica_cpu")
+    modules = [importlib.import_module(n) for n in names]
+    saved = {(m, op): getattr(m, op) for m in modules for op in ours.OPS}
+    theirs = modules[0]
+    try:
+        assert ours.install()
+        assert all(getattr(m, op) is getattr(ours, op) for m in modules for op in ours.OPS)
+        g = torch.Generator().manual_seed(0)
+        x, a, b = torch.randn(10, 32, generator=g), torch.randn(3, 1, 8, 32, generator=g), torch.randn(3, 1, 48, 8, generator=g)
+        seq = (torch.tensor([0, 4, 7]), torch.tensor([4, 3, 3]), torch.tensor([2, 0, 1]), 3, 4, 10)
+        for idx in (torch.tensor([0] * 4 + [2] * 6), torch.tensor([t % 3 for t in range(10)])):
+            for fn in ("bgmv_shrink", "sgmv_shrink"):
+                args = (idx, 0.5) if fn == "bgmv_shrink" else (*seq, 0.5)
+                y1, y2 = torch.zeros(10, 8), torch.zeros(10, 8)
+                saved[(theirs, fn)](x, a, y1, *args)
+                getattr(ours, fn)(x, a, y2, *args)
+                assert torch.allclose(y1, y2, atol=1e-5), fn
+            h = torch.randn(10, 8, generator=g)
+            for fn, extra in (("bgmv_expand", (True,)), ("bgmv_expand_slice", (8, 48, True)),
+                              ("sgmv_expand", (True,)), ("sgmv_expand_slice", (8, 48, False))):
+                args = (idx, *extra) if fn.startswith("bgmv") else (*seq, *extra)
+                o1, o2 = torch.ones(10, 64), torch.ones(10, 64)
+                saved[(theirs, fn)](h, b, o1, *args)
+                getattr(ours, fn)(h, b, o2, *args)
+                assert torch.allclose(o1, o2, atol=1e-5), fn
+    finally:
+        for (m, op), fn in saved.items():
+            setattr(m, op, fn)
+
+
 def _hf(team, n):
     return [HFEngine(team).sample(a, PROMPTS, 1, GREEDY, SamplingStream(a)) for a in range(n)]
 
@@ -81,6 +117,8 @@ def test_engine_tokens_equal_the_trained_hf_model_after_every_sync(vllm_model_di
     engine = VLLMEngine(team, SMALL_KV)
     try:
         first = _engine(team, n, engine)  # LoRA: both adapters in one mixed call
+        if layout == "lora":  # served through the grouped LoRA ops (vllm_lora_ops)
+            assert engine.servers[0].llm.collective_rpc("comlrl_lora_ops") == ["grouped"]
         assert [s.completion_ids for s in first] == [s.completion_ids for s in _hf(team, n)]
         for round_ in range(2):  # k training steps, sync, compare; twice (a fresh adapter id / reload each time)
             for a in range(n):
