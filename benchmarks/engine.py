@@ -30,6 +30,7 @@ own (one OMP thread on 2 cores unless ``VLLM_CPU_OMP_THREADS_BIND`` says otherwi
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import tempfile
@@ -82,7 +83,7 @@ def bench_generation(model_dir: str, args: argparse.Namespace) -> dict:
     prompts = [f"Topic: {topics[i % len(topics)]} {i}." for i in range(args.prompts)]
     settings = SamplingSettings(max_new_tokens=args.tokens, temperature=1.0, top_p=1.0, top_k=None,
                                 extra={"min_new_tokens": args.tokens})
-    engines = {"hf": HFEngine(team), "vllm": VLLMEngine(team, {"kv_cache_memory_bytes": 512 * 2**20})}
+    engines = {"hf": HFEngine(team), "vllm": VLLMEngine(team, {"kv_cache_memory_bytes": 512 * 2**20, **args.vllm_kwargs})}
     t = time.perf_counter()
     engines["vllm"].start()
     start_s = time.perf_counter() - t
@@ -152,6 +153,8 @@ def main() -> None:
     parser.add_argument("--fit", action="store_true", help="also time a 2-turn MAGRPO fit per backend")
     parser.add_argument("--lora-ops", choices=("grouped", "vllm"), default="grouped",
                         help="vLLM's CPU LoRA ops: ours, grouped by adapter (default), or vLLM's own")
+    parser.add_argument("--vllm-kwargs", type=json.loads, default={},
+                        help='JSON of extra vllm.LLM arguments, e.g. \'{"enforce_eager": false}\'')
     parser.add_argument("--layout", choices=("lora", "full"), default="lora",
                         help="2 LoRA agents on one base (default) or 1 full-model agent")
     args = parser.parse_args()
@@ -168,7 +171,8 @@ def main() -> None:
             r = bench_generation(model_dir, args)
             team = "2 LoRA agents" if args.layout == "lora" else "1 full-model agent"
             print(f"[{name}] {team} x {args.prompts} prompts x {args.candidates} samples x {args.tokens} "
-                  f"tokens; vLLM engine start {r['start_s']:.1f} s (not timed below), {r['ops']} LoRA ops")
+                  f"tokens; vLLM engine start {r['start_s']:.1f} s (not timed below)"
+                  + (f", {r['ops']} LoRA ops" if args.layout == "lora" else ""))
             for backend in ("hf", "vllm"):
                 med, rate, n = r[backend]
                 print(f"[{name}] {backend:>4}: {med:7.3f} s per level ({n} tokens), {rate:8.1f} tokens/s")

@@ -460,9 +460,7 @@ class VLLMEngine:
         """``fn(*args, **kwargs)`` with an engine failure turned into an :class:`EngineError` naming the engine."""
         try:
             if server.dead():
-                from vllm.v1.engine.exceptions import EngineDeadError
-
-                raise EngineDeadError()
+                raise _engine_dead_error()
             return fn(*args, **kwargs)
         except Exception as exc:
             if _is_engine_dead(exc):
@@ -627,9 +625,13 @@ def fail_pending(futures: dict) -> int:
 
 
 def _is_engine_dead(exc: BaseException) -> bool:
+    """Whether ``exc`` says the engine core died: vLLM's ``EngineDeadError`` or, where this vLLM has no such class,
+    the plain :class:`EngineError` that :func:`_engine_dead_error` made in its place."""
+    if isinstance(exc, EngineError) or "EngineDead" in type(exc).__name__:
+        return True
     try:
         from vllm.v1.engine.exceptions import EngineDeadError
     except ImportError:  # other vLLM versions
-        return "EngineDead" in type(exc).__name__
-    return isinstance(exc, EngineDeadError) or "EngineDead" in type(exc).__name__
+        return False
+    return isinstance(exc, EngineDeadError)
 

@@ -221,6 +221,29 @@ def test_watch_fails_every_call_blocked_on_a_dead_engine_core():
             core.kill()
 
 
+def test_a_dead_engine_is_named_with_or_without_vllms_dead_error_class():
+    """Where vLLM has no ``EngineDeadError`` (always so without vLLM), the watch thread's stand-in error is still
+    recognised as a death: the call raises the ``EngineError`` naming the engine, not the bare stand-in."""
+    from comlrl_lightning.engines.vllm import EngineError, VLLMEngine, _engine_dead_error, _is_engine_dead, _Server
+
+    assert _is_engine_dead(_engine_dead_error()) and not _is_engine_dead(ValueError("bad input"))
+    server = _Server([0], "folder", "agent 0")
+
+    def dies():
+        raise _engine_dead_error()
+
+    def bad_input():
+        raise ValueError("bad input")
+
+    with pytest.raises(EngineError, match=r"The vLLM engine for agent 0 \(folder\) died .*Resume the run"):
+        VLLMEngine._call(None, server, dies)
+    with pytest.raises(ValueError, match="bad input"):  # any other failure passes through unchanged
+        VLLMEngine._call(None, server, bad_input)
+    server.died = True  # seen dead by the watch thread: the call is not even tried
+    with pytest.raises(EngineError, match="died"):
+        VLLMEngine._call(None, server, lambda: pytest.fail("called on a dead engine"))
+
+
 def test_orphan_shm_counts_unmapped_entries_and_never_a_live_semaphore():
     """The clean-up after a killed engine removes only entries no live process maps. A live multiprocessing
     semaphore is mapped under its creation name (``sem.XXXXXX (deleted)``), not its real one: matched by name, it
