@@ -83,7 +83,8 @@ def bench_generation(model_dir: str, args: argparse.Namespace) -> dict:
     prompts = [f"Topic: {topics[i % len(topics)]} {i}." for i in range(args.prompts)]
     settings = SamplingSettings(max_new_tokens=args.tokens, temperature=1.0, top_p=1.0, top_k=None,
                                 extra={"min_new_tokens": args.tokens})
-    engines = {"hf": HFEngine(team), "vllm": VLLMEngine(team, {"kv_cache_memory_bytes": 512 * 2**20, **args.vllm_kwargs})}
+    vllm_kwargs = {"kv_cache_memory_bytes": 512 * 2**20, **args.vllm_kwargs}
+    engines = {"hf": HFEngine(team), "vllm": VLLMEngine(team, vllm_kwargs)}
     t = time.perf_counter()
     engines["vllm"].start()
     start_s = time.perf_counter() - t
