@@ -130,7 +130,7 @@ def install() -> bool:
             return False
         modules = [importlib.import_module(name) for name in (
             "vllm.lora.ops.torch_ops.lora_ops", "vllm.lora.ops.torch_ops", "vllm.lora.punica_wrapper.punica_cpu")]
-    except ImportError:
+    except Exception:  # another vLLM layout (ImportError) or a module that fails to load: keep vLLM's own ops
         return False
     if not all(hasattr(m, op) for m in modules for op in OPS):
         return False

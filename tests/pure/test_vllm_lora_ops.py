@@ -66,3 +66,11 @@ def test_prefill_ops_repeat_each_sequences_adapter_over_its_tokens():
 def test_a_wrong_number_of_indices_is_refused():
     with pytest.raises(ValueError, match="2 adapter indices for 3 input rows"):
         ops.grouped_lora_matmul(X, W, torch.tensor([0, 1]), torch.float32)
+
+
+def test_install_changes_nothing_without_vllm():
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed: tests/engines/test_vllm_engine.py checks install() there")
+    assert ops.install() is False
