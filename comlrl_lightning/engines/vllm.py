@@ -598,13 +598,19 @@ def _unlink_orphan_shm(before: set[str]) -> list[str]:
     return names
 
 
-def _engine_dead_error() -> Exception:
-    """vLLM's ``EngineDeadError`` (an :class:`EngineError` where vLLM does not have that class)."""
+def _engine_dead_class() -> type[Exception]:
+    """vLLM's ``EngineDeadError`` class, or :class:`EngineError` where this vLLM does not have it."""
     try:
         from vllm.v1.engine.exceptions import EngineDeadError
     except ImportError:  # other vLLM versions
-        return EngineError("the engine core process died")
-    return EngineDeadError()
+        return EngineError
+    return EngineDeadError
+
+
+def _engine_dead_error() -> Exception:
+    """An instance of :func:`_engine_dead_class` (the stand-in :class:`EngineError` says what happened)."""
+    cls = _engine_dead_class()
+    return EngineError("the engine core process died") if cls is EngineError else cls()
 
 
 def fail_pending(futures: dict) -> int:
@@ -627,11 +633,5 @@ def fail_pending(futures: dict) -> int:
 def _is_engine_dead(exc: BaseException) -> bool:
     """Whether ``exc`` says the engine core died: vLLM's ``EngineDeadError`` or, where this vLLM has no such class,
     the plain :class:`EngineError` that :func:`_engine_dead_error` made in its place."""
-    if isinstance(exc, EngineError) or "EngineDead" in type(exc).__name__:
-        return True
-    try:
-        from vllm.v1.engine.exceptions import EngineDeadError
-    except ImportError:  # other vLLM versions
-        return False
-    return isinstance(exc, EngineDeadError)
+    return isinstance(exc, (EngineError, _engine_dead_class())) or "EngineDead" in type(exc).__name__
 
