@@ -5,7 +5,8 @@ A device spec is None (follow the Lightning accelerator), one device string (eve
 :func:`missing_device` finds a device this machine does not have (``cuda:3`` on a 2-GPU machine, any ``cuda``
 without CUDA, ``mps`` without Metal); the configs refuse it at construction, naming the option. The placement itself is
 :meth:`~comlrl_lightning.modules.base.TeamModuleBase.place_members` (docs/architecture.md, "Devices").
-:func:`overlap_groups` decides which agents' generation calls run at the same time (option ``agent_overlap``).
+:func:`overlap_groups` decides which agents' generation calls run at the same time, :func:`update_groups` which agents'
+updates do (option ``agent_overlap``).
 """
 
 from __future__ import annotations
@@ -110,3 +111,52 @@ def overlap_groups(devices: Sequence[torch.device], models: Sequence[Any], mode:
     for i, key in enumerate(keys):
         groups.setdefault(key, []).append(i)
     return list(groups.values())
+
+
+def update_groups(members: Sequence[Sequence[torch.nn.Module]], mode: str) -> list[list[int]]:
+    """Indices of update jobs grouped into workers that run at the same time; within a group, one after another in
+    index order. ``members[j]``: the modules job j trains or reads (an agent's model, its value head, its critic).
+
+    Two jobs share a group when they touch a common parameter tensor (one model object, LoRA adapters of one base,
+    MAAC's one critic), under "on" and "auto"; under "auto" also when they touch a common device. "off": one group.
+    """
+    if mode not in AGENT_OVERLAP_MODES:
+        raise ValueError(f"overlap mode must be one of {AGENT_OVERLAP_MODES}. Got {mode!r}.")
+    n = len(members)
+    parent = list(range(n))
+
+    def root(j: int) -> int:
+        while parent[j] != j:
+            parent[j] = parent[parent[j]]
+            j = parent[j]
+        return j
+
+    owner: dict[Any, int] = {}
+    for j, modules in enumerate(members):
+        keys: set[Any] = {id(p) for m in modules for p in m.parameters()}
+        if mode == "auto":
+            keys |= {str(p.device) for m in modules for p in m.parameters()}
+        if mode == "off":
+            keys = {"all"}
+        for key in keys:
+            if key in owner:
+                parent[root(j)] = root(owner[key])
+            else:
+                owner[key] = j
+    groups: dict[int, list[int]] = {}
+    for j in range(n):
+        groups.setdefault(root(j), []).append(j)
+    return sorted(groups.values(), key=lambda g: g[0])
+
+
+def draws_random_numbers(module: torch.nn.Module) -> bool:
+    """True when a training-mode forward of ``module`` may draw from the device's global RNG: an ``nn.Dropout``-like
+    module with ``p > 0``, or a ``config.attention_dropout`` above 0 (HF attention applies it functionally). Two
+    threads drawing from one generator would get numbers in the order of their timing."""
+    for m in module.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0:
+            return True
+        config = getattr(m, "config", None)
+        if config is not None and float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
+            return True
+    return False

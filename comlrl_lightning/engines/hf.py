@@ -1,17 +1,14 @@
 """The reference engine: transformers ``generate`` on the team's live models (docs/engines.md).
 
 :meth:`HFEngine.sample_many` is where the agents' calls of one level are dispatched; with ``overlap`` they run
-at the same time in a small thread pool (docs/architecture.md, "Devices").
+at the same time, one worker thread per group (docs/architecture.md, "Devices").
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+import functools
+from collections.abc import Sequence
 from typing import Any
-
-import torch
 
 from comlrl_lightning.devices import device_of, normalize_agent_overlap, overlap_groups
 from comlrl_lightning.engines.base import SampleRequest, sample_each
@@ -22,6 +19,7 @@ from comlrl_lightning.generation import (
     sample_completions,
     uses_own_generator,
 )
+from comlrl_lightning.overlap import MainThread, run_jobs
 
 
 class HFEngine:
@@ -60,26 +58,17 @@ class HFEngine:
 
     def sample_many(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[Samples]:
         """One :class:`Samples` per request, in request order. Requests of different :meth:`workers` groups run
-        at the same time, one thread per group; each agent draws from its own stream, so the result equals
-        calling :meth:`sample` on each request in turn."""
+        at the same time, one thread per group (:func:`~comlrl_lightning.overlap.run_jobs`); each agent draws from
+        its own stream, so the result equals calling :meth:`sample` on each request in turn."""
         groups = self.workers(requests, settings)
         if len(groups) < 2:
             return sample_each(self, requests, settings)
-        out: list[Any] = [None] * len(requests)
+        jobs = [functools.partial(self._serve, r, settings) for r in requests]
+        devices = [device_of(self.team.models[r.agent_index]) for r in requests]
+        return run_jobs(jobs, groups, devices)
 
-        def serve(group: list[int]) -> None:
-            for i in group:
-                r = requests[i]
-                out[i] = self.sample(r.agent_index, r.prompts, r.num_candidates, settings, r.stream)
-
-        context = _thread_context()
-        with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="agent-overlap") as pool:
-            futures = [pool.submit(context, serve, g, device_of(self.team.models[requests[g[0]].agent_index]))
-                       for g in groups]
-            wait(futures)  # every worker has stopped touching its models before an error is raised
-        for f in futures:
-            f.result()
-        return out
+    def _serve(self, request: SampleRequest, settings: SamplingSettings, main: MainThread) -> Samples:
+        return self.sample(request.agent_index, request.prompts, request.num_candidates, settings, request.stream)
 
     def sync(self, agent_indices: Sequence[int] | None = None) -> None:
         """Nothing to do: ``generate`` runs on the live weights."""
@@ -87,19 +76,3 @@ class HFEngine:
     def close(self) -> None:
         """Nothing to release."""
 
-
-def _thread_context() -> Callable[..., Any]:
-    """A runner that calls ``fn(group)`` in a worker thread under the caller's autocast state (thread-local in
-    torch: a worker would otherwise generate in full precision under a mixed-precision fit) with ``device`` as the
-    current CUDA device."""
-    autocast = [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
-
-    def run(fn: Callable[[list[int]], None], group: list[int], device: torch.device) -> None:
-        with contextlib.ExitStack() as stack:
-            if device.type == "cuda":
-                stack.enter_context(torch.cuda.device(device))
-            for device_type, dtype in autocast:
-                stack.enter_context(torch.autocast(device_type, dtype=dtype))
-            fn(group)
-
-    return run

@@ -50,6 +50,7 @@ from comlrl_lightning.modules.base import TeamModuleBase
 from comlrl_lightning.multiturn.episodes import EpisodeSample, first_prompt, run_episodes, turn_rewards, turn_summary
 from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
 from comlrl_lightning.nets.critics import build_critics, joint_critic_text, right_pad
+from comlrl_lightning.overlap import MainThread
 from comlrl_lightning.tiny import TINY_MODEL_NAME
 
 
@@ -361,12 +362,28 @@ class ActorCriticModule(TeamModuleBase):
             self._drain(pending)
 
     def _drain(self, agents: Sequence[int]) -> None:
-        """Update each listed agent on its whole buffer, turn by turn (ascending), then log."""
-        metrics: dict[str, float] = {}
+        """Update each listed agent on its whole buffer, turn by turn (ascending), then log. The minibatch orders
+        are drawn first (agent after agent, turn after turn, from the one ``_rng``); the agents' updates then run
+        through :meth:`run_agent_updates` (at the same time where ``agent_overlap`` allows; MAAC's one critic keeps
+        them one after another)."""
+        plans = []
         for i in agents:
             samples, self.buffers[i] = self.buffers[i], []
+            turns = []
             for t in sorted({s.turn for s in samples}):
-                metrics.update(self._update(i, [s for s in samples if s.turn == t]))
+                group = [s for s in samples if s.turn == t]
+                order = list(range(len(group)))
+                self._rng.shuffle(order)
+                turns.append((group, order))
+            plans.append(turns)
+        plan_of = dict(zip(agents, plans))
+        done = self.run_agent_updates(
+            agents, lambda i, main: [self._update(i, group, order, main) for group, order in plan_of[i]],
+            members=[self._update_members(i) for i in agents])
+        metrics: dict[str, float] = {}
+        for turns in done:
+            for out in turns:
+                metrics.update(out)
         self.num_drains += 1
         metrics["env_step"] = float(self.env_step)
         self._emit(metrics, gate=True)
@@ -375,16 +392,31 @@ class ActorCriticModule(TeamModuleBase):
             # the progress bar's "loss": mean of the actor and value losses of this drain
             self.log("loss", sum(losses) / len(losses), prog_bar=True, logger=False, batch_size=1)
 
-    def _update(self, i: int, samples: list[EpisodeSample]) -> dict[str, float]:
+    def _update_members(self, i: int) -> list[nn.Module]:
+        """What agent i's update trains: its model, its value head or its critic (MAAC: the one shared critic)."""
+        members = [self.team.models[i]]
+        if self.value_heads:
+            members.append(self.value_heads[i])
+        elif len(self.critics):
+            members.append(self.critics[0 if self.is_maac else i])
+        return members
+
+    def _update(self, i: int, samples: list[EpisodeSample], order: list[int] | None = None,
+                main: MainThread | None = None) -> dict[str, float]:
+        """Agent i's minibatch updates on one turn's samples, in ``order`` (default: drawn from ``_rng`` here);
+        Lightning's part through ``main`` (:meth:`~comlrl_lightning.modules.base.TeamModuleBase.run_agent_updates`).
+        Returns the turn's metrics."""
         a = self.args
+        main = main if main is not None else MainThread()
         opts = self.optimizer_list()
         actor_opt, critic_opts = opts[i], opts[self.team.num_agents:]
         targets = torch.tensor([s.target for s in samples], dtype=torch.float32, device=self.device)
         old = torch.tensor([s.old_value for s in samples], dtype=torch.float32, device=self.device)
         adv = td_advantages(targets, old, normalize=a.advantage_normalization)
         self._check_finite(i, "advantage", adv)
-        order = list(range(len(samples)))
-        self._rng.shuffle(order)
+        if order is None:
+            order = list(range(len(samples)))
+            self._rng.shuffle(order)
         actor_losses, value_losses = [], []
         for start in range(0, len(order), a.train_batch_size):
             idx = order[start:start + a.train_batch_size]
@@ -400,19 +432,17 @@ class ActorCriticModule(TeamModuleBase):
                 values = head_values.gather(1, pos.unsqueeze(1)).squeeze(1).to(self.device)
                 vloss = value_loss(values, y, v_old, a.value_clip_range, a.value_loss_coef).mean()
                 self._check_finite(i, "value loss", vloss)
-                self.manual_backward(actor_loss.to(self.device) + vloss)
-                actor_opt.step()
-                self.step_scheduler(i)
+                self.agent_backward(actor_loss.to(self.device) + vloss, main)
+                self.agent_step(actor_opt, main, i)
             else:
-                self.manual_backward(actor_loss)
-                actor_opt.step()
-                self.step_scheduler(i)
+                self.agent_backward(actor_loss, main)
+                self.agent_step(actor_opt, main, i)
                 copt = critic_opts[0 if self.is_maac else i]
                 copt.zero_grad(set_to_none=True)
                 vloss = value_loss(self._values(i, mb), y, coef=a.value_loss_coef).mean()
                 self._check_finite(i, "value loss", vloss)
-                self.manual_backward(vloss)
-                copt.step()
+                self.agent_backward(vloss, main)
+                self.agent_step(copt, main)
             actor_losses.append(float(actor_loss.detach()))
             value_losses.append(float(vloss.detach()))
         pad, eos = self._ids(i)

@@ -27,26 +27,37 @@ optimizer step of every agent (and of every critic).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import random
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.strategies import SingleDeviceStrategy, Strategy
 from torch import nn
 
 from comlrl_lightning.agents import AgentTeam, build_agents
 from comlrl_lightning.config import CONFIG_CLASSES
 from comlrl_lightning.config.secrets import redact_secrets
 from comlrl_lightning.data.tasks import PREDICT_REFUSED
-from comlrl_lightning.devices import common_device, device_of, resolve_devices
+from comlrl_lightning.devices import (
+    common_device,
+    device_of,
+    draws_random_numbers,
+    normalize_agent_overlap,
+    resolve_devices,
+    update_groups,
+)
 from comlrl_lightning.distributed import gather_objects, per_rank_entry, rank_seed, world
 from comlrl_lightning.engines import build_engine
 from comlrl_lightning.evaluation import evaluate_team
 from comlrl_lightning.files import state_digest
 from comlrl_lightning.generation import SamplingSettings, SamplingStream
+from comlrl_lightning.overlap import MainThread, run_jobs
 
 # Every module saves its ``args`` config object among its hyper-parameters, and Lightning's fit(ckpt_path=...)
 # loads checkpoints with ``weights_only=True``: the config classes are allow-listed once, here.
@@ -311,6 +322,83 @@ class TeamModuleBase(L.LightningModule):
         schedulers = self.scheduler_list()
         if agent < len(schedulers):
             schedulers[agent].step()
+
+    # --- the agents' updates at the same time (agent_overlap; docs/architecture.md "Devices") --------------
+    def overlap_blocker(self) -> str | None:
+        """Why this fit runs the agents' updates one after another whatever ``agent_overlap`` says, else None:
+        several processes (DDP's gradient hooks serve one backward at a time), a strategy other than Lightning's
+        single-device one or one with its own ``backward``, a gradient scaler (one scaler for every agent, updated
+        after each step, would depend on the steps' timing), or a trained module whose forward draws random numbers
+        (dropout: two threads would share the global generator)."""
+        trainer = self._trainer
+        if trainer is None:
+            return "no trainer is attached"
+        if trainer.world_size > 1:
+            return f"the trainer runs {trainer.world_size} processes"
+        strategy = trainer.strategy
+        if not isinstance(strategy, SingleDeviceStrategy) or type(strategy).backward is not Strategy.backward:
+            return f"the strategy is {type(strategy).__name__}, not Lightning's SingleDeviceStrategy"
+        if getattr(strategy.precision_plugin, "scaler", None) is not None:
+            return "the precision plugin scales gradients (16-mixed)"
+        if any(draws_random_numbers(m) for m in self.trainable_modules()):
+            return "a trained model has dropout (its forward draws from the global RNG)"
+        return None
+
+    def run_agent_updates(self, agents: Sequence[int], job: Callable[[int, MainThread], Any],
+                          members: Sequence[Sequence[nn.Module]] | None = None) -> list[Any]:
+        """``job(agent, main)`` for each of ``agents``; the results in that order.
+
+        ``members[j]``: the modules the job of ``agents[j]`` touches (default: that agent's model). Under
+        ``agent_overlap`` the jobs are grouped by :func:`~comlrl_lightning.devices.update_groups` and the groups run
+        at the same time, one worker thread each (:func:`~comlrl_lightning.overlap.run_jobs`), unless
+        :meth:`overlap_blocker` names a reason (told once, with "on"). A job does its tensor work itself and hands
+        Lightning's part to ``main``: :meth:`agent_backward` and :meth:`agent_step`. Each job's own work keeps its
+        order and the agents share no parameters or RNG, so the weights equal the agent-after-agent run."""
+        agents = list(agents)
+        if members is None:
+            members = [[self.team.models[a]] for a in agents]
+        mode = normalize_agent_overlap(getattr(self.args, "agent_overlap", "auto"))
+        groups = [list(range(len(agents)))]
+        if mode != "off" and len(agents) > 1:
+            blocker = self.overlap_blocker()
+            if blocker is None:
+                groups = update_groups(members, mode)
+            elif mode == "on" and not getattr(self, "_told_overlap_blocker", False):
+                self._told_overlap_blocker = True
+                warnings.warn(f"agent_overlap='on': the agents' updates run one after another because {blocker} "
+                              "(docs/architecture.md, \"Devices\"). Generation still overlaps.", stacklevel=2)
+        jobs = [functools.partial(job, a) for a in agents]
+        return run_jobs(jobs, groups, [self.agent_device(a) for a in agents], name="agent-update")
+
+    def agent_backward(self, loss: torch.Tensor, main: MainThread) -> None:
+        """``manual_backward(loss)`` from a job of :meth:`run_agent_updates`: in a worker, the backward itself runs
+        there and Lightning's hooks before and after it (strategy, precision plugin, ``on_before_backward`` /
+        ``on_after_backward``) on the main thread, in the order ``Strategy.backward`` calls them."""
+        if main.inline:
+            self.manual_backward(loss)
+            return
+        loss = main.call(self._before_backward, loss)
+        self.trainer.strategy.precision_plugin.backward(loss, self, None)
+        main.call(self._after_backward, loss)
+
+    def _before_backward(self, loss: torch.Tensor) -> torch.Tensor:
+        strategy = self.trainer.strategy
+        strategy.pre_backward(loss)
+        return strategy.precision_plugin.pre_backward(loss, self)
+
+    def _after_backward(self, loss: torch.Tensor) -> None:
+        strategy = self.trainer.strategy
+        strategy.post_backward(strategy.precision_plugin.post_backward(loss, self))
+
+    def agent_step(self, optimizer: Any, main: MainThread, scheduler_of: int | None = None) -> None:
+        """``optimizer.step()`` (Lightning's: it counts ``global_step`` and runs ``on_before_optimizer_step``), then
+        the scheduler of agent ``scheduler_of`` if given, on the main thread."""
+        main.call(self._step, optimizer, scheduler_of)
+
+    def _step(self, optimizer: Any, scheduler_of: int | None) -> None:
+        optimizer.step()
+        if scheduler_of is not None:
+            self.step_scheduler(scheduler_of)
 
     # --- progress and export -----------------------------------------------------------------------------
     def progress_state(self) -> dict[str, Any]:

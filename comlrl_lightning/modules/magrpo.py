@@ -46,6 +46,7 @@ from comlrl_lightning.metrics import mean_across_ranks
 from comlrl_lightning.modules.base import TeamModuleBase
 from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
 from comlrl_lightning.multiturn.tree import AgentDraw, NodeSample, build_trees, node_samples
+from comlrl_lightning.overlap import MainThread
 from comlrl_lightning.reference import ReferencePolicies, sequence_kl
 from comlrl_lightning.tiny import TINY_MODEL_NAME
 
@@ -289,8 +290,7 @@ class MAGRPOModule(TeamModuleBase):
                     self.buffers[s.agent].append(s)
                     if len(self.buffers[s.agent]) >= self.args.rollout_buffer_size and s.agent not in ready:
                         ready.append(s.agent)
-                for agent in ready:
-                    losses += self.drain(agent)
+                losses += self.drain_agents(ready)
             self.updates_seen += 1
         if batch_idx + 1 >= self.trainer.num_training_batches:
             losses += self.flush()
@@ -303,27 +303,43 @@ class MAGRPOModule(TeamModuleBase):
 
     def flush(self) -> list[float]:
         """Drain every non-empty buffer (end of epoch)."""
-        losses = []
-        for agent in range(self.team.num_agents):
-            if self.buffers[agent]:
-                losses += self.drain(agent)
-        return losses
+        return self.drain_agents([agent for agent in range(self.team.num_agents) if self.buffers[agent]])
 
     def drain(self, agent: int) -> list[float]:
         """Update ``agent`` on its buffer: per turn (ascending), shuffled minibatches of train_batch_size."""
-        samples, self.buffers[agent] = self.buffers[agent], []
-        by_turn: dict[int, list[NodeSample]] = defaultdict(list)
-        for s in samples:
-            by_turn[s.turn].append(s)
+        return self.drain_agents([agent])
+
+    def drain_agents(self, agents: Sequence[int]) -> list[float]:
+        """:meth:`drain` each of ``agents`` (docs/multiturn.md §2.9) and return the minibatch losses, agent after agent.
+
+        The shuffles are drawn first, agent after agent and turn after turn, from the one ``shuffle_rng``; the
+        updates then run through :meth:`run_agent_updates` (at the same time where ``agent_overlap`` allows: the
+        agents share nothing else, so the weights equal the agent-after-agent drain); the turn groups are logged
+        last, in agent and turn order."""
+        plans = []
+        for agent in agents:
+            samples, self.buffers[agent] = self.buffers[agent], []
+            by_turn: dict[int, list[NodeSample]] = defaultdict(list)
+            for s in samples:
+                by_turn[s.turn].append(s)
+            for turn in sorted(by_turn):
+                self.shuffle_rng.shuffle(by_turn[turn])
+            plans.append([(turn, by_turn[turn]) for turn in sorted(by_turn)])
+        plan_of = dict(zip(agents, plans))
+        done = self.run_agent_updates(agents, lambda agent, main: self._drain_plan(agent, plan_of[agent], main))
         losses = []
-        for turn in sorted(by_turn):
-            group = by_turn[turn]
-            self.shuffle_rng.shuffle(group)
-            size = self.args.train_batch_size
-            group_losses = [self._update(agent, group[i:i + size]) for i in range(0, len(group), size)]
-            losses += group_losses
-            self._log_group(agent, turn, group, group_losses)
+        for agent, plan, group_losses in zip(agents, plans, done):
+            for (turn, group), turn_losses in zip(plan, group_losses):
+                losses += turn_losses
+                self._log_group(agent, turn, group, turn_losses)
         return losses
+
+    def _drain_plan(self, agent: int, plan: Sequence[tuple[int, list[NodeSample]]], main: MainThread
+                    ) -> list[list[float]]:
+        """The minibatch updates of one agent's drain, turn group after turn group: the losses per group."""
+        size = self.args.train_batch_size
+        return [[self._update(agent, group[i:i + size], main) for i in range(0, len(group), size)]
+                for _, group in plan]
 
     def minibatch_loss(self, agent: int, minibatch: Sequence[NodeSample]) -> torch.Tensor:
         """Mean over the node samples of their policy-gradient loss; one forward for all their rows."""
@@ -345,7 +361,10 @@ class MAGRPOModule(TeamModuleBase):
             row += k
         return total / len(minibatch)
 
-    def _update(self, agent: int, minibatch: Sequence[NodeSample]) -> float:
+    def _update(self, agent: int, minibatch: Sequence[NodeSample], main: MainThread | None = None) -> float:
+        """One AdamW step of ``agent`` on ``minibatch``; Lightning's part through ``main``
+        (:meth:`~comlrl_lightning.modules.base.TeamModuleBase.run_agent_updates`)."""
+        main = main if main is not None else MainThread()
         opt = self.optimizer_list()[agent]
         opt.zero_grad(set_to_none=True)
         loss = self.minibatch_loss(agent, minibatch)
@@ -354,11 +373,13 @@ class MAGRPOModule(TeamModuleBase):
                 f"{self.algorithm_name} loss of agent {agent} is {loss.item()} on a minibatch of turn "
                 f"{minibatch[0].turn + 1} (env_step {minibatch[0].env_step}). Lower agent_learning_rate or check "
                 "the rewards.")
-        self.manual_backward(loss)
-        opt.step()
-        self.step_scheduler(agent)
-        self.optimizer_steps += 1
+        self.agent_backward(loss, main)
+        self.agent_step(opt, main, agent)
         return float(loss.detach())
+
+    def _step(self, optimizer: Any, scheduler_of: int | None) -> None:
+        super()._step(optimizer, scheduler_of)
+        self.optimizer_steps += 1
 
     def _log_group(self, agent: int, turn: int, group: Sequence[NodeSample], losses: Sequence[float]) -> None:
         """One entry per (agent, turn group) per drain, gated by ``logging_steps`` on env_step

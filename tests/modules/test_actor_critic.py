@@ -245,11 +245,11 @@ def _unchanged(module, before):
 def _spy_updates(module, record):
     original = module._update
 
-    def spy(i, samples):
+    def spy(i, samples, *rest):
         assert not module._collecting, "an update ran in the middle of an episode"
         record.append({"agent": i, "n": len(samples), "turns": sorted({s["turn"] for s in samples}),
                        "items_done": module.updates_seen})
-        return original(i, samples)
+        return original(i, samples, *rest)
 
     module._update = spy
     collect = module.collect

@@ -1,6 +1,6 @@
-"""``agent_overlap``: the agents' generation calls of one level run at the same time, one thread per group
-(``HFEngine.sample_many``), and the results equal the calls made one after another (docs/architecture.md,
-"Devices")."""
+"""``agent_overlap``: the agents' generation calls of one level (``HFEngine.sample_many``) and the agents' updates of
+one drain (``TeamModuleBase.run_agent_updates``) run at the same time, one thread per group, and the results equal
+the calls made one after another (docs/architecture.md, "Devices")."""
 
 from __future__ import annotations
 
@@ -12,12 +12,16 @@ import yaml
 from conftest import cpu_trainer_kwargs
 
 import comlrl_lightning.engines.hf as hf_engine
+import comlrl_lightning.overlap as overlap
 from comlrl_lightning.agents import build_agents
-from comlrl_lightning.config import IACConfig, MAGRPOConfig
+from comlrl_lightning.config import IACConfig, MAACConfig, MAGRPOConfig
 from comlrl_lightning.devices import normalize_agent_overlap, overlap_groups
 from comlrl_lightning.engines import HFEngine, SampleRequest
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.generation import Samples, SamplingSettings, SamplingStream
+from comlrl_lightning.modules.magrpo import MAGRPOModule
+from comlrl_lightning.multiturn.transitions import plain_transition
+from comlrl_lightning.trainers.actor_critic import IACTrainer, MAACTrainer
 from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 
 PROMPTS = ["Topic: rivers.", "Topic: chess.", "Topic: bread."]
@@ -97,29 +101,118 @@ def test_the_option_is_checked_and_normalized():
         HFEngine(None, overlap="threads")
 
 
-def _fit(model_dir, overlap, monkeypatch):
-    pools = []
+class _Workers:
+    """Records the thread name of every worker :func:`~comlrl_lightning.overlap.run_jobs` starts (one hand-over
+    handle per worker): ``agent-overlap-*`` for generation, ``agent-update-*`` for updates."""
 
-    class CountingPool(hf_engine.ThreadPoolExecutor):
-        def __init__(self, *args, **kwargs):
-            pools.append(kwargs.get("max_workers"))
-            super().__init__(*args, **kwargs)
+    def __init__(self, monkeypatch):
+        self.names: list[str] = []
+        names = self.names
 
-    monkeypatch.setattr(hf_engine, "ThreadPoolExecutor", CountingPool)
-    args = MAGRPOConfig(num_train_epochs=1, num_generations=2, max_new_tokens=6, temperature=1.0, top_p=1.0,
-                        top_k=None, agent_learning_rate=1e-2, eval_interval=0, eval_num_samples=1,
-                        rollout_buffer_size=1, agent_overlap=overlap)
-    tr = MAGRPOTrainer(agent_model=model_dir, train_dataset=ITEMS, reward_func=cooperative_reward,
-                       formatters=FORMATTERS, args=args, trainer_kwargs=cpu_trainer_kwargs(max_steps=2))
+        class Recording(overlap._Handover):
+            def __init__(self, *args, **kwargs):
+                names.append(threading.current_thread().name)
+                super().__init__(*args, **kwargs)
+
+        monkeypatch.setattr(overlap, "_Handover", Recording)
+
+    def of(self, kind: str) -> list[str]:
+        return [n for n in self.names if n.startswith(f"agent-{kind}-")]
+
+
+def _magrpo(model_dir, overlap_mode, **kwargs):
+    args = MAGRPOConfig(**{**dict(num_train_epochs=1, num_generations=2, max_new_tokens=6, temperature=1.0, top_p=1.0,
+                                  top_k=None, agent_learning_rate=1e-2, eval_interval=0, eval_num_samples=1,
+                                  rollout_buffer_size=1, agent_overlap=overlap_mode), **kwargs})
+    return MAGRPOTrainer(agent_model=model_dir, train_dataset=ITEMS, reward_func=cooperative_reward,
+                         formatters=FORMATTERS, external_transition=plain_transition if args.num_turns > 1 else None,
+                         args=args, trainer_kwargs=cpu_trainer_kwargs())
+
+
+def _fit(model_dir, overlap_mode, monkeypatch, **kwargs):
+    workers = _Workers(monkeypatch)
+    tr = _magrpo(model_dir, overlap_mode, **kwargs)
     before = [p.detach().clone() for p in tr.team.parameters_of(1)]
     tr.train()
-    assert tr.trainer.global_step == 2 and any(not torch.equal(a, b) for a, b in zip(before, tr.team.parameters_of(1)))
-    return [[p.detach().clone() for p in tr.team.parameters_of(i)] for i in range(2)], pools
+    assert any(not torch.equal(a, b) for a, b in zip(before, tr.team.parameters_of(1)))
+    weights = [[p.detach().clone() for p in tr.team.parameters_of(i)] for i in range(2)]
+    return weights, workers, tr
 
 
-def test_a_magrpo_step_with_overlap_equals_the_sequential_step(tiny_model_dir, monkeypatch):
-    on, pools_on = _fit(tiny_model_dir, "on", monkeypatch)
-    off, pools_off = _fit(tiny_model_dir, "off", monkeypatch)
-    assert pools_on and set(pools_on) == {2} and pools_off == []
+@pytest.mark.parametrize("turns", [1, 2])
+def test_a_magrpo_fit_with_overlap_equals_the_sequential_fit(tiny_model_dir, monkeypatch, turns):
+    """Generation and updates both run in two workers with "on"; the weights, the optimizer step count and the
+    logged losses equal the agent-after-agent fit exactly."""
+    on, workers_on, tr_on = _fit(tiny_model_dir, "on", monkeypatch, num_turns=turns, train_batch_size=1)
+    off, workers_off, tr_off = _fit(tiny_model_dir, "off", monkeypatch, num_turns=turns, train_batch_size=1)
+    assert len(workers_on.of("overlap")) >= 2 and len(workers_on.of("update")) >= 2 and workers_off.names == []
+    assert tr_on.trainer.global_step == tr_off.trainer.global_step >= 2 * len(ITEMS) * turns
+    assert tr_on.module.optimizer_steps == tr_off.module.optimizer_steps == tr_on.trainer.global_step
     for agent_on, agent_off in zip(on, off):
         assert all(torch.equal(a, b) for a, b in zip(agent_on, agent_off))
+
+
+def test_the_agents_updates_run_at_the_same_time(tiny_model_dir, monkeypatch):
+    """Each minibatch loss waits at a barrier that opens only when both agents are inside one at once."""
+    original = MAGRPOModule.minibatch_loss
+    barrier = threading.Barrier(2, timeout=10)
+
+    def together(self, agent, minibatch):
+        barrier.wait()
+        return original(self, agent, minibatch)
+
+    monkeypatch.setattr(MAGRPOModule, "minibatch_loss", together)
+    _magrpo(tiny_model_dir, "on").train()
+    barrier = threading.Barrier(2, timeout=0.2)
+    with pytest.raises(threading.BrokenBarrierError):
+        _magrpo(tiny_model_dir, "off").train()
+
+
+def test_a_failing_agent_stops_the_overlapped_fit_with_its_own_error(tiny_model_dir, monkeypatch):
+    original = MAGRPOModule.minibatch_loss
+
+    def nan_for_agent_1(self, agent, minibatch):
+        loss = original(self, agent, minibatch)
+        return loss * float("nan") if agent == 1 else loss
+
+    monkeypatch.setattr(MAGRPOModule, "minibatch_loss", nan_for_agent_1)
+    workers = _Workers(monkeypatch)
+    with pytest.raises(FloatingPointError, match="MAGRPO loss of agent 1 is nan"):
+        _magrpo(tiny_model_dir, "on").train()
+    assert workers.of("update")
+
+
+def test_dropout_keeps_the_updates_sequential_and_says_why_once(tiny_model_dir, monkeypatch):
+    workers = _Workers(monkeypatch)
+    tr = _magrpo(tiny_model_dir, "on")
+    tr.team.models[1].config.attention_dropout = 0.1
+    with pytest.warns(UserWarning, match=r"agent_overlap='on': the agents' updates run one after another because a "
+                                         r"trained model has dropout") as record:
+        tr.train()
+    assert sum("agent_overlap='on'" in str(w.message) for w in record) == 1
+    assert workers.of("update") == [] and workers.of("overlap")
+
+
+def _iac(model_dir, cls, config, overlap_mode, **kwargs):
+    torch.manual_seed(0)  # the critics' fresh value heads
+    args = config(num_turns=2, agent_learning_rate=1e-2, critic_learning_rate=1e-2, max_new_tokens=4,
+                  temperature=1.0, top_p=1.0, num_train_epochs=1, eval_interval=0, rollout_buffer_size=1,
+                  train_batch_size=1, agent_overlap=overlap_mode, **kwargs)
+    tr = cls(agent_model=model_dir, reward_func=cooperative_reward, formatters=FORMATTERS,
+             external_transition=plain_transition, train_dataset=ITEMS, args=args,
+             trainer_kwargs=cpu_trainer_kwargs(max_steps=2))
+    tr.train()
+    return tr
+
+
+def test_iac_updates_overlap_and_equal_the_sequential_ones_maac_stays_sequential(tiny_model_dir, monkeypatch):
+    workers = _Workers(monkeypatch)
+    on = _iac(tiny_model_dir, IACTrainer, IACConfig, "on", use_separate_critic=True)
+    assert len(workers.of("update")) >= 2
+    del workers.names[:]
+    off = _iac(tiny_model_dir, IACTrainer, IACConfig, "off", use_separate_critic=True)
+    assert workers.names == [] and on.trainer.global_step == off.trainer.global_step > 0
+    for a, b in zip(on.module.state_dict().values(), off.module.state_dict().values()):
+        assert torch.equal(a, b)
+    maac = _iac(tiny_model_dir, MAACTrainer, MAACConfig, "on")
+    assert workers.of("update") == [] and maac.trainer.global_step > 0  # one critic: one group

@@ -136,13 +136,13 @@ def test_buffer_schedule_and_epoch_flush(tiny_model_dir):
     args = small_args(num_turns=2, rollout_buffer_size=4, train_batch_size=3, num_train_epochs=1)
     tr = make_trainer(tiny_model_dir, items=ITEMS[:2], args=args, external_transition=plain_transition)
     drains = []
-    original = tr.module.drain
+    original = tr.module.drain_agents
 
-    def spy(agent):
-        drains.append((agent, sorted(s.turn for s in tr.module.buffers[agent])))
-        return original(agent)
+    def spy(agents):
+        drains.extend((agent, sorted(s.turn for s in tr.module.buffers[agent])) for agent in agents)
+        return original(agents)
 
-    tr.module.drain = spy
+    tr.module.drain_agents = spy
     tr.train()
     # per agent 6 node samples in env-step order: item 0 gives t0, t1, t1; item 1's root makes the buffer
     # full (4: turns 0, 1, 1, 0), its two children are flushed at the epoch's last step

@@ -58,3 +58,35 @@ def test_agents_on_two_gpus_generate_at_the_same_time_with_the_sequential_result
     model, tok = team.models[1], team.tokenizers[1]
     own = sample_completions(model, tok, prompts, 3, settings, SamplingStream(5), own_generator=True)
     assert own == sample_completions(model, tok, prompts, 3, settings, SamplingStream(5), own_generator=False)
+
+
+def test_magrpo_updates_on_two_gpus_overlap_and_match_the_sequential_fit(tiny_model_dir, monkeypatch):
+    """agent_overlap="auto" with agents on cuda:0 and cuda:1: the updates run in one worker per GPU and end with
+    the weights of agent_overlap="off" (close, not bit-equal: CUDA's embedding backward adds atomically)."""
+    import threading
+
+    import comlrl_lightning.overlap as overlap
+    from comlrl_lightning.config import MAGRPOConfig
+    from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
+
+    names = []
+
+    class Recording(overlap._Handover):
+        def __init__(self, *args, **kwargs):
+            names.append(threading.current_thread().name)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(overlap, "_Handover", Recording)
+
+    def fit(mode):
+        tr = MAGRPOTrainer(agent_model=tiny_model_dir, train_dataset=ITEMS[:2], reward_func=cooperative_reward,
+                           formatters=FORMATTERS, trainer_kwargs=cpu_trainer_kwargs(accelerator="gpu", devices=[0]),
+                           args=MAGRPOConfig(num_generations=2, num_train_epochs=1, rollout_buffer_size=1,
+                                             agent_overlap=mode, **TINY))
+        tr.train()
+        return [p.detach().cpu() for i in range(2) for p in tr.team.parameters_of(i)]
+
+    auto = fit("auto")
+    assert any(n.startswith("agent-update-") for n in names)
+    off = fit("off")
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(auto, off))
