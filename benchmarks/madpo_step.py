@@ -64,12 +64,13 @@ TARGETS = {  # name: (numerator, denominator, comparison, bound)
 }
 
 
-def build_large_model(tiny_dir: str, out_dir: Path, seed: int = 0) -> str:
-    """A random Qwen2 with the tiny model's tokenizer and config except the sizes in ``LARGE``."""
+def build_large_model(tiny_dir: str, out_dir: Path, seed: int = 0, sizes: dict | None = None) -> str:
+    """A random Qwen2 with the tiny model's tokenizer and config except the sizes in ``sizes`` (default
+    ``LARGE``)."""
     from transformers import AutoConfig, AutoTokenizer, Qwen2ForCausalLM
 
     config = AutoConfig.from_pretrained(tiny_dir)
-    for k, v in LARGE.items():
+    for k, v in (sizes or LARGE).items():
         setattr(config, k, v)
     config.head_dim = config.hidden_size // config.num_attention_heads
     config.layer_types = ["full_attention"] * config.num_hidden_layers

@@ -1,10 +1,11 @@
 """Rollout cost of 2-turn MAGRPO: level-batched generation against the per-node loop.
 
-Run ``python benchmarks/rollouts.py [--quick] [--threads N] [--models tiny,large]``. For each model (the
-embedded tiny Qwen2; a larger random Qwen2 with the tiny tokenizer: 8 layers, hidden 256, as in
-``madpo_step.py``), it trains 2-turn MAGRPO (2 agents, G = num_generations = 4, aligned joint actions, the
-plain transition, the built-in cooperative reward) through ``MAGRPOTrainer`` (a real Lightning fit, updates
-included) twice per repetition:
+Run ``python benchmarks/rollouts.py [--quick] [--threads N] [--models tiny,large,q05b] [--accelerator gpu]``.
+For each model (the embedded tiny Qwen2; a larger random Qwen2 with the tiny tokenizer: 8 layers, hidden 256, as
+in ``madpo_step.py``; ``q05b``: a random Qwen2 of Qwen2.5-0.5B's shape, 24 layers, hidden 896, 14 heads / 2 KV
+heads, intermediate 4864, with the tiny tokenizer's 512-token vocabulary), it trains 2-turn MAGRPO (2 agents,
+G = num_generations = 4, aligned joint actions, the plain transition, the built-in cooperative reward) through
+``MAGRPOTrainer`` (a real Lightning fit, updates included) twice per repetition:
 
   batched   one ``generate`` per agent per tree level covering every node of the level (the default);
   per-node  the previous loop: one ``generate`` per agent per node (``MAGRPOModule.per_node_sampling``).
@@ -13,7 +14,8 @@ A tree has 1 + 4 nodes, so a step makes 2 x 2 = 4 generate calls batched and 2 x
 runs ``--steps`` training steps (one item each); the first step of every fit is a warm-up and not timed.
 Fits alternate between the variants, so a slow phase of the machine hits both. Printed per variant: the
 median wall ms per training step, steps/s, the median ms inside ``generate`` per step and its share of the
-step, the generate calls per step; then the ratios batched/per-node of steps/s and of generate time, both
+step, the generate calls per step, the generated token positions per second inside ``generate`` (rows x new
+positions, padding after an early EOS included); then the ratios batched/per-node of steps/s and of generate time, both
 measured in this run.
 
 ``--lora`` instead times one level's generation for two LoRA agents on one base: one call per agent against
@@ -42,6 +44,10 @@ from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from madpo_step import build_large_model  # noqa: E402  (the same larger random Qwen2)
 
+#: Qwen2.5-0.5B's shape (its vocabulary aside: the tiny tokenizer's 512 tokens).
+Q05B = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+        "intermediate_size": 4864}
+
 TOPICS = ("rivers", "bread", "trains", "music", "maps", "clouds", "glass", "birds", "salt", "paper", "bells", "ice")
 
 
@@ -53,30 +59,38 @@ class StepTimer(L.Callback):
         self.cpu: list[float] = []
         self.gen: list[float] = []
         self.calls: list[int] = []
+        self.tokens: list[int] = []
         self._gen_total = 0.0
         self._calls_total = 0
+        self._tokens_total = 0
         for model in team.unique_models():
             original = model.generate
 
             def timed(*args, _orig=original, **kw):
                 t0 = time.perf_counter()
+                out = None
                 try:
-                    return _orig(*args, **kw)
+                    out = _orig(*args, **kw)
+                    return out
                 finally:
                     self._gen_total += time.perf_counter() - t0
                     self._calls_total += 1
+                    ids = getattr(out, "sequences", out)
+                    if isinstance(ids, torch.Tensor) and isinstance(kw.get("input_ids"), torch.Tensor):
+                        self._tokens_total += ids.shape[0] * (ids.shape[1] - kw["input_ids"].shape[1])
 
             model.generate = timed
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self._t0, self._c0 = time.perf_counter(), time.process_time()
-        self._g0, self._n0 = self._gen_total, self._calls_total
+        self._g0, self._n0, self._k0 = self._gen_total, self._calls_total, self._tokens_total
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.wall.append(time.perf_counter() - self._t0)
         self.cpu.append(time.process_time() - self._c0)
         self.gen.append(self._gen_total - self._g0)
         self.calls.append(self._calls_total - self._n0)
+        self.tokens.append(self._tokens_total - self._k0)
 
 
 def one_fit(model_dir: str, per_node: bool, args) -> StepTimer:
@@ -88,14 +102,15 @@ def one_fit(model_dir: str, per_node: bool, args) -> StepTimer:
     trainer = MAGRPOTrainer(agent_model=model_dir, train_dataset=items, eval_dataset=None,
                             reward_func=cooperative_reward, formatters=FORMATTERS, args=config,
                             external_transition=plain_transition,
-                            trainer_kwargs=dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                            trainer_kwargs=dict(accelerator=args.accelerator, devices=1, logger=False,
+                                                enable_checkpointing=False,
                                                 enable_progress_bar=False, enable_model_summary=False,
                                                 num_sanity_val_steps=0))
     trainer.module.per_node_sampling = per_node
     timer = StepTimer(trainer.team)
     trainer.trainer.callbacks.append(timer)
     trainer.train()
-    for series in (timer.wall, timer.cpu, timer.gen, timer.calls):
+    for series in (timer.wall, timer.cpu, timer.gen, timer.calls, timer.tokens):
         del series[0]  # warm-up step
     return timer
 
@@ -138,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and repetitions, tiny model only")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: steadier)")
-    parser.add_argument("--models", default=None, help="comma-separated: tiny, large (default both; --quick: tiny)")
+    parser.add_argument("--models", default=None,
+                        help="comma-separated: tiny, large, q05b (default tiny,large; --quick: tiny)")
+    parser.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu",
+                        help="Lightning accelerator of the fits (default cpu; gpu: one CUDA device)")
     parser.add_argument("--steps", type=int, default=None, help="training steps per fit, first one untimed")
     parser.add_argument("--reps", type=int, default=None, help="fits per variant, alternating")
     parser.add_argument("--max-new-tokens", type=int, default=24)
@@ -170,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
         dirs = {"tiny": tiny_dir}
         if "large" in models:
             dirs["large"] = build_large_model(tiny_dir, Path(tmp) / "large")
+        if "q05b" in models:
+            dirs["q05b"] = build_large_model(tiny_dir, Path(tmp) / "q05b", sizes=Q05B)
+        unknown = sorted(set(models) - set(dirs))
+        if unknown:
+            parser.error(f"--models: unknown {unknown}; allowed: tiny, large, q05b")
         for label in models:
             timers = {"batched": [], "per-node": []}
             for _ in range(args.reps):
@@ -178,10 +201,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((label, timers))
 
     print(f"\n2-turn MAGRPO training steps, 2 agents, G=4, aligned, max_new_tokens={args.max_new_tokens}, "
-          f"torch {torch.__version__}, threads={torch.get_num_threads()}, {args.reps} fit(s) x "
+          f"torch {torch.__version__}, {args.accelerator}, threads={torch.get_num_threads()}, {args.reps} fit(s) x "
           f"{args.steps - 1} timed steps per variant")
     print(f"{'model':<8}{'variant':<11}{'ms/step':>9}{'steps/s':>9}{'cpu ms':>9}{'gen ms':>9}{'gen %':>7}"
-          f"{'calls':>7}")
+          f"{'calls':>7}{'gen tok/s':>11}")
     for label, timers in rows:
         med = {}
         for name, ts in timers.items():
@@ -189,9 +212,10 @@ def main(argv: list[str] | None = None) -> int:
             cpu = statistics.median([c for t in ts for c in t.cpu])
             gen = statistics.median([g for t in ts for g in t.gen])
             calls = statistics.median([c for t in ts for c in t.calls])
+            rate = sum(k for t in ts for k in t.tokens) / max(1e-9, sum(g for t in ts for g in t.gen))
             med[name] = (wall, gen, cpu)
             print(f"{label:<8}{name:<11}{1e3 * wall:>9.1f}{1 / wall:>9.2f}{1e3 * cpu:>9.1f}{1e3 * gen:>9.1f}"
-                  f"{100 * gen / wall:>6.0f}%{calls:>7.0f}")
+                  f"{100 * gen / wall:>6.0f}%{calls:>7.0f}{rate:>11.0f}")
         (bw, bg, bc), (pw, pg, pc) = med["batched"], med["per-node"]
         print(f"{label:<8}steps/s batched/per-node {pw / bw:.2f}x (cpu time {pc / bc:.2f}x); generate time "
               f"per-node/batched {pg / bg:.2f}x")

@@ -6,6 +6,7 @@ Needs ``comlrl==1.4.3``: the ``bench`` extra (``pip install -e ".[bench]"``), be
     python benchmarks/vs_comlrl.py                    # both jobs, 2 repetitions each, libraries alternating
     python benchmarks/vs_comlrl.py --jobs madpo --repeats 3
     python benchmarks/vs_comlrl.py --learning         # also the task-reward gain of each library's trained team
+    python benchmarks/vs_comlrl.py --model 30m --jobs magrpo2 --repeats 1   # a 31.8 M model instead of the tiny one
 
 The jobs are the recipes of ``benchmarks/recipes.py`` (those of the learning tests and ``learning.py``), on the
 embedded tiny model (``comlrl_lightning.tiny.build_tiny_model`` writes it as a local checkpoint directory; both
@@ -90,6 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rollout-buffer-size", type=int, default=None,
                    help="magrpo2 on both sides with this rollout_buffer_size (= train_batch_size); default the "
                         "recipe's 1")
+    p.add_argument("--model", choices=("tiny", "30m"), default="tiny",
+                   help="tiny: the embedded model (default); 30m: benchmarks/engine.py's 31.8 M random Qwen2, where "
+                        "the matrix products, not Python, take the time (its --learning gains mean little)")
     p.add_argument("--learning", action="store_true",
                    help="also evaluate each library's trained team on the held-out items (untimed)")
     p.add_argument("--strict", action="store_true", help="exit with status 1 when a ratio misses the target")
@@ -263,7 +267,8 @@ def report(results: dict[str, dict], args, version: str, uptime: str) -> bool:
     import torch
 
     print(f"\nCoMLRL {version} vs comlrl-lightning, the same jobs (benchmarks/recipes.py), torch {torch.__version__}, "
-          f"threads={args.threads}, {args.repeats} run(s) per library, seed {args.seed}; load before: {uptime}")
+          f"model {args.model}, threads={args.threads}, {args.repeats} run(s) per library, seed {args.seed}; load "
+          f"before: {uptime}")
     head = (f"{'job':9s}{'library':9s}{'wall s':>8s}{'cpu s':>8s}{'gen calls':>10s}{'samples':>8s}"
             f"{'fwd calls':>10s}{'fwd rows':>9s}{'fwd tok':>9s}{'opt steps':>10s}{'gen s':>8s}")
     print(head)
@@ -319,7 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     results = {}
     with tempfile.TemporaryDirectory(prefix="vs_comlrl_") as tmp:
-        model_dir = build_tiny_model(Path(tmp) / "tiny")
+        if args.model == "tiny":
+            model_dir = build_tiny_model(Path(tmp) / "tiny")
+        else:
+            from engine import build_model
+            model_dir = build_model(args.model, Path(tmp))
         for job in args.jobs:
             results[job] = run_job(job, model_dir, args, tmp)
     ok = report(results, args, version, uptime)

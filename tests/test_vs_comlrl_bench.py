@@ -21,11 +21,13 @@ def bench():
 
 def test_arguments(bench):
     args = bench.parse_args([])
-    assert (args.jobs, args.repeats, args.threads, args.rollout_buffer_size, args.learning) == (
-        ["madpo", "magrpo2"], 2, 1, None, False)
-    args = bench.parse_args(["--jobs", "magrpo2", "--repeats", "3", "--rollout-buffer-size", "10", "--learning"])
-    assert (args.jobs, args.repeats, args.rollout_buffer_size, args.learning) == (["magrpo2"], 3, 10, True)
-    for bad in (["--repeats", "0"], ["--jobs", "marlhf"], ["--rollout-buffer-size", "0"]):
+    assert (args.jobs, args.repeats, args.threads, args.rollout_buffer_size, args.learning, args.model) == (
+        ["madpo", "magrpo2"], 2, 1, None, False, "tiny")
+    args = bench.parse_args(["--jobs", "magrpo2", "--repeats", "3", "--rollout-buffer-size", "10", "--learning",
+                             "--model", "30m"])
+    assert (args.jobs, args.repeats, args.rollout_buffer_size, args.learning, args.model) == (
+        ["magrpo2"], 3, 10, True, "30m")
+    for bad in (["--repeats", "0"], ["--jobs", "marlhf"], ["--rollout-buffer-size", "0"], ["--model", "7b"]):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
 
