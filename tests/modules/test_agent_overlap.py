@@ -216,3 +216,38 @@ def test_iac_updates_overlap_and_equal_the_sequential_ones_maac_stays_sequential
         assert torch.equal(a, b)
     maac = _iac(tiny_model_dir, MAACTrainer, MAACConfig, "on")
     assert workers.of("update") == [] and maac.trainer.global_step > 0  # one critic: one group
+
+
+def test_with_update_overlap_every_lightning_hook_still_runs_on_the_training_thread(tiny_model_dir, monkeypatch):
+    """The hooks around each backward and each optimizer step are handed to the training thread: the same hooks,
+    as many times as in the sequential fit, none of them on a worker."""
+    import lightning as L
+
+    class Hooks(L.Callback):
+        def __init__(self):
+            self.calls: list[tuple[str, str]] = []
+
+        def _seen(self, name):
+            self.calls.append((name, threading.current_thread().name))
+
+        def on_before_backward(self, trainer, pl_module, loss):
+            self._seen("before_backward")
+
+        def on_after_backward(self, trainer, pl_module):
+            self._seen("after_backward")
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            self._seen("before_optimizer_step")
+
+    counts = {}
+    for mode in ("on", "off"):
+        workers = _Workers(monkeypatch)
+        hooks = Hooks()
+        tr = _magrpo(tiny_model_dir, mode, num_turns=2)
+        tr.trainer.callbacks.append(hooks)
+        tr.train()
+        assert {thread for _, thread in hooks.calls} == {threading.main_thread().name}
+        assert bool(workers.of("update")) == (mode == "on")
+        counts[mode] = sorted(name for name, _ in hooks.calls)
+        assert counts[mode].count("before_optimizer_step") == tr.trainer.global_step > 0
+    assert counts["on"] == counts["off"]
