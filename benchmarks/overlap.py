@@ -2,7 +2,7 @@
 time in two threads (``agent_overlap="on"``), measured in the same run (docs/architecture.md, "Devices"); with
 ``--fit``, also a whole MAGRPO fit, whose updates overlap too.
 
-Run ``python benchmarks/overlap.py [--quick] [--models tiny,30m] [--threads 1] [--fit]``.
+Run ``python benchmarks/overlap.py [--quick] [--models tiny,30m] [--threads 1] [--fit [--fit-job madpo]]``.
 
 Models (random weights except the tiny one, built in a temporary folder; 2 full-model agents, each its own copy,
 both on the CPU):
@@ -24,9 +24,11 @@ shape) one after another against in two threads, i.e. what two threads can gain 
 
 ``--fit``: per model, a 2-turn MAGRPO fit (2 full-model agents, ``--fit-items`` items one per step, K=
 ``--candidates``, ``--tokens`` new tokens, ``rollout_buffer_size`` 1 so both agents drain after every node of the
-tree, ``train_batch_size`` 1) with ``agent_overlap`` off and on, alternating, ``--fit-reps`` times each. Printed:
-the median seconds of the whole fit, of its generation (``sample_many``) and of its updates (``drain_agents``),
-the ratios off/on, and whether the two variants ended with identical weights (they must).
+tree, ``train_batch_size`` 1) with ``agent_overlap`` off and on, alternating, ``--fit-reps`` times each; with
+``--fit-job madpo`` instead a MADPO fit (``--candidates`` joint candidates per item, 2 pairs per item, batches of
+4 pairs). Printed: the median seconds of the whole fit, of its generation (``sample_many``) and of its updates
+(MAGRPO's ``drain_agents``, MADPO's ``training_step``), the ratios off/on, and whether the two variants ended
+with identical weights (they must).
 With ``--threads 1`` each agent's generation is single-threaded, so with >= 2 idle cores the ideal ratio is 2x;
 the other jobs of a shared machine take cores away from it (the ceiling shows how many), and the Python part of
 HF's decoding loop holds the GIL, so a tiny model whose step is mostly Python gains less than a larger one.
@@ -95,21 +97,33 @@ def bench(model_dir: str, args: argparse.Namespace) -> dict:
 
 
 def fit_once(model_dir: str, mode: str, args: argparse.Namespace) -> dict:
-    """One MAGRPO fit with ``agent_overlap=mode``: seconds in total, in generation and in updates; final weights."""
-    from comlrl_lightning.config import MAGRPOConfig
+    """One ``--fit-job`` fit with ``agent_overlap=mode``: seconds in total, in generation and in updates (MAGRPO's
+    ``drain_agents``; MADPO's ``training_step``: its forwards, backward and steps); final weights."""
+    from comlrl_lightning.config import MADPOConfig, MAGRPOConfig
     from comlrl_lightning.engines import engine_of
     from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
     from comlrl_lightning.multiturn.transitions import plain_transition
+    from comlrl_lightning.trainers.preference import MADPOTrainer
     from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 
     items = [{"prompt": f"Topic: {TOPICS[i % len(TOPICS)]}."} for i in range(args.fit_items)]
-    config = MAGRPOConfig(num_turns=2, num_generations=args.candidates, max_new_tokens=args.tokens, temperature=1.0,
-                          top_p=1.0, top_k=None, agent_learning_rate=1e-4, num_train_epochs=1, eval_interval=0,
-                          eval_num_samples=1, rollout_buffer_size=1, train_batch_size=1, agent_overlap=mode)
-    trainer = MAGRPOTrainer(agent_model=model_dir, train_dataset=items, reward_func=cooperative_reward,
-                            formatters=FORMATTERS, external_transition=plain_transition, args=config,
-                            trainer_kwargs=dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                                                enable_progress_bar=False, enable_model_summary=False))
+    common = dict(max_new_tokens=args.tokens, temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-4,
+                  num_train_epochs=1, eval_interval=0, eval_num_samples=1, agent_overlap=mode)
+    quiet = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                 enable_model_summary=False)
+    if args.fit_job == "madpo":
+        config = MADPOConfig(preference_num_candidates=args.candidates, preference_pairs_per_sample=2,
+                             train_batch_size=4, **common)
+        trainer = MADPOTrainer(agent_model=model_dir, train_dataset=items, reward_func=cooperative_reward,
+                               formatters=FORMATTERS, args=config, trainer_kwargs=quiet)
+        update = "training_step"
+    else:
+        config = MAGRPOConfig(num_turns=2, num_generations=args.candidates, rollout_buffer_size=1, train_batch_size=1,
+                              **common)
+        trainer = MAGRPOTrainer(agent_model=model_dir, train_dataset=items, reward_func=cooperative_reward,
+                                formatters=FORMATTERS, external_transition=plain_transition, args=config,
+                                trainer_kwargs=quiet)
+        update = "drain_agents"
     module, engine = trainer.module, engine_of(trainer.team)
     spent = {"generation": 0.0, "updates": 0.0}
 
@@ -123,7 +137,7 @@ def fit_once(model_dir: str, mode: str, args: argparse.Namespace) -> dict:
         return run
 
     engine.sample_many = timed("generation", engine.sample_many)
-    module.drain_agents = timed("updates", module.drain_agents)
+    setattr(module, update, timed("updates", getattr(module, update)))
     t0 = time.perf_counter()
     trainer.train()
     spent["total"] = time.perf_counter() - t0
@@ -178,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidates", type=int, default=4, help="samples per prompt (K)")
     parser.add_argument("--tokens", type=int, default=32, help="new tokens per sample")
     parser.add_argument("--fit", action="store_true", help="also a 2-turn MAGRPO fit per model, overlap off and on")
+    parser.add_argument("--fit-job", choices=("magrpo2", "madpo"), default="magrpo2",
+                        help="the --fit job: 2-turn MAGRPO (default) or MADPO")
     parser.add_argument("--fit-items", type=int, default=2, help="items of the --fit run (one per step)")
     parser.add_argument("--fit-reps", type=int, default=3, help="fits per variant with --fit")
     args = parser.parse_args(argv)
@@ -200,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<7}{1e3 * r['off']:>9.1f}{1e3 * r['on']:>9.1f}{r['off'] / r['on']:>7.2f}x  "
               f"{str(r['identical']):<9}  {r['load'][0]:.2f} / {r['load'][1]:.2f}")
     if args.fit:
-        print(f"\n2-turn MAGRPO fit, {args.fit_items} items, K={args.candidates}, {args.tokens} tokens, median of "
+        job = "2-turn MAGRPO" if args.fit_job == "magrpo2" else "MADPO (2 pairs per item, batches of 4 pairs)"
+        print(f"\n{job} fit, {args.fit_items} items, K={args.candidates}, {args.tokens} tokens, median of "
               f"{args.fit_reps} fits per variant (seconds; off/on > 1: overlap is faster)")
         print(f"{'model':<7}{'part':<12}{'off s':>8}{'on s':>8}{'off/on':>8}  identical  steps  load before/after")
         for name, _, f in rows:

@@ -20,11 +20,12 @@ class DeviceOptions:
     """Device spec of the agents: None (the Lightning accelerator), a string, or a list of length 1 or N;
     required with parallel_training="mp"."""
     agent_overlap: Any = "auto"
-    """Whether the agents' generation calls of one level (HF engine) and their updates of one drain (MAGRPO family,
-    IAC) run at the same time, in threads (docs/architecture.md, "Devices"): "auto" (when the agents sit on >= 2
-    distinct devices, e.g. "mp" with distinct ``agent_devices``: one thread per device), "on" (always: one thread
-    per distinct model, even on one device), "off" (agent after agent). Results are identical either way for a
-    fixed seed. Updates stay sequential under several processes, 16-mixed or dropout. true/false = on/off."""
+    """Whether the agents' generation calls of one level (HF engine) and their updates (a MAGRPO-family or IAC
+    drain; MADPO's forwards and shares of the joint backward) run at the same time, in threads
+    (docs/architecture.md, "Devices"): "auto" (when the agents sit on >= 2 distinct devices, e.g. "mp" with
+    distinct ``agent_devices``: one thread per device), "on" (always: one thread per distinct model, even on one
+    device), "off" (agent after agent). Results are identical either way for a fixed seed. Updates stay
+    sequential under several processes, 16-mixed or dropout. true/false = on/off."""
 
 
 def device_count(spec: Any) -> int | None:

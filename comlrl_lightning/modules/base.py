@@ -344,29 +344,40 @@ class TeamModuleBase(L.LightningModule):
             return "a trained model has dropout (its forward draws from the global RNG)"
         return None
 
-    def run_agent_updates(self, agents: Sequence[int], job: Callable[[int, MainThread], Any],
-                          members: Sequence[Sequence[nn.Module]] | None = None) -> list[Any]:
-        """``job(agent, main)`` for each of ``agents``; the results in that order.
-
-        ``members[j]``: the modules the job of ``agents[j]`` touches (default: that agent's model). Under
-        ``agent_overlap`` the jobs are grouped by :func:`~comlrl_lightning.devices.update_groups` and the groups run
-        at the same time, one worker thread each (:func:`~comlrl_lightning.overlap.run_jobs`), unless
-        :meth:`overlap_blocker` names a reason (told once, with "on"). A job does its tensor work itself and hands
-        Lightning's part to ``main``: :meth:`agent_backward` and :meth:`agent_step`. Each job's own work keeps its
-        order and the agents share no parameters or RNG, so the weights equal the agent-after-agent run."""
+    def update_worker_groups(self, agents: Sequence[int], members: Sequence[Sequence[nn.Module]] | None = None
+                             ) -> list[list[int]]:
+        """Positions in ``agents`` grouped into the workers of :meth:`run_agent_updates`: one group (in order) with
+        ``agent_overlap="off"``, for a single agent, or when :meth:`overlap_blocker` names a reason (told once, with
+        "on"); else :func:`~comlrl_lightning.devices.update_groups` of ``members`` (``members[j]``: the modules the
+        job of ``agents[j]`` touches; default: that agent's model)."""
         agents = list(agents)
         if members is None:
             members = [[self.team.models[a]] for a in agents]
         mode = normalize_agent_overlap(getattr(self.args, "agent_overlap", "auto"))
-        groups = [list(range(len(agents)))]
-        if mode != "off" and len(agents) > 1:
-            blocker = self.overlap_blocker()
-            if blocker is None:
-                groups = update_groups(members, mode)
-            elif mode == "on" and not getattr(self, "_told_overlap_blocker", False):
-                self._told_overlap_blocker = True
-                warnings.warn(f"agent_overlap='on': the agents' updates run one after another because {blocker} "
-                              "(docs/architecture.md, \"Devices\"). Generation still overlaps.", stacklevel=2)
+        if mode == "off" or len(agents) < 2:
+            return [list(range(len(agents)))]
+        blocker = self.overlap_blocker()
+        if blocker is None:
+            return update_groups(members, mode)
+        if mode == "on" and not getattr(self, "_told_overlap_blocker", False):
+            self._told_overlap_blocker = True
+            warnings.warn(f"agent_overlap='on': the agents' updates run one after another because {blocker} "
+                          "(docs/architecture.md, \"Devices\"). Generation still overlaps.", stacklevel=3)
+        return [list(range(len(agents)))]
+
+    def run_agent_updates(self, agents: Sequence[int], job: Callable[[int, MainThread], Any],
+                          members: Sequence[Sequence[nn.Module]] | None = None,
+                          groups: Sequence[Sequence[int]] | None = None) -> list[Any]:
+        """``job(agent, main)`` for each of ``agents``; the results in that order.
+
+        The jobs run in the workers of :meth:`update_worker_groups` (or ``groups``, computed by it before), the
+        workers at the same time, one thread each (:func:`~comlrl_lightning.overlap.run_jobs`). A job does its
+        tensor work itself and hands Lightning's part to ``main``: :meth:`agent_backward` and :meth:`agent_step`.
+        Each job's own work keeps its order and the agents share no parameters or RNG, so the weights equal the
+        agent-after-agent run."""
+        agents = list(agents)
+        if groups is None:
+            groups = self.update_worker_groups(agents, members)
         jobs = [functools.partial(job, a) for a in agents]
         return run_jobs(jobs, groups, [self.agent_device(a) for a in agents], name="agent-update")
 

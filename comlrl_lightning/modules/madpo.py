@@ -6,6 +6,8 @@ loss. With separate agent parameters (distinct models, or distinct LoRA adapters
 backward of the joint loss gives every agent the gradient of the spec's "others detached" loss.
 When agents share parameters (one model object passed for several agents) the module follows the spec
 step by step instead: a detached pass for all margins, then per agent a graded pass, backward and step.
+Under ``agent_overlap`` (docs/architecture.md "Devices") the agents' forwards, and their shares of the joint
+backward, run in one worker per group (:meth:`MADPOModule._split_backward`), with the same gradients.
 
 ``trainer.global_step`` counts every optimizer step of every agent (num_agents per update). The module
 also tracks ``env_step`` (environment_steps_per_pair per trained pair, docs/preference.md §7.4) and ``updates_seen``.
@@ -81,18 +83,42 @@ class MADPOModule(TeamModuleBase):
         if self.team.shares_parameters():
             loss, stats = self._sequential_step(batch, optimizers, beta)
         else:
-            logps = [self._agent_logps(batch, i) for i in range(n)]
+            agents = list(range(n))
+            groups = self.update_worker_groups(agents)
+            logps = self.run_agent_updates(agents, lambda i, main: self._agent_logps(batch, i), groups=groups)
             winner = torch.stack([w for w, _ in logps])
             loser = torch.stack([lo for _, lo in logps])
             per_pair, stats = madpo_loss(winner, loser, beta)
             self._check_finite(per_pair, batch)
             loss = per_pair.mean()
-            self.manual_backward(loss / accumulate)
+            if len(groups) < 2:
+                self.manual_backward(loss / accumulate)
+            else:
+                self._split_backward(logps, beta, accumulate, groups)
             self._accum += 1
             if self._accum >= accumulate:
                 self._step_all(optimizers)
         self._after_update(batch, loss, stats)
         return loss.detach()
+
+    def _split_backward(self, logps: list[tuple[torch.Tensor, torch.Tensor]], beta: float, accumulate: int,
+                        groups: Sequence[Sequence[int]]) -> None:
+        """The joint backward of :meth:`training_step`, one agent per worker (``agent_overlap``): the gradient of
+        ``mean(madpo_loss) / accumulate`` with respect to every agent's (winner, loser) log-probs is taken on the
+        training thread from detached copies (the same operations as the joint graph, so the same values), then each
+        worker back-propagates its agent's share through its own graph. The agents' graphs are disjoint, so every
+        parameter gets exactly the gradient of the joint backward. Lightning's backward hooks run around it, on the
+        training thread, once, with the joint loss."""
+        leaves = [(w.detach().requires_grad_(), lo.detach().requires_grad_()) for w, lo in logps]
+        per_pair, _ = madpo_loss(torch.stack([w for w, _ in leaves]), torch.stack([lo for _, lo in leaves]), beta)
+        total = self._before_backward(per_pair.mean() / accumulate)
+        grads = torch.autograd.grad(total, [t for pair in leaves for t in pair])
+
+        def back(i: int, main: Any) -> None:
+            torch.autograd.backward(list(logps[i]), [grads[2 * i], grads[2 * i + 1]])
+
+        self.run_agent_updates(list(range(len(logps))), back, groups=groups)
+        self._after_backward(total)
 
     def on_train_epoch_end(self) -> None:
         # gradients accumulated over the epoch's last (incomplete) group are applied, not carried over

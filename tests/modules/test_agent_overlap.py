@@ -251,3 +251,34 @@ def test_with_update_overlap_every_lightning_hook_still_runs_on_the_training_thr
         counts[mode] = sorted(name for name, _ in hooks.calls)
         assert counts[mode].count("before_optimizer_step") == tr.trainer.global_step > 0
     assert counts["on"] == counts["off"]
+
+
+def _madpo(model_dir, overlap_mode, **kwargs):
+    from comlrl_lightning.config import MADPOConfig
+    from comlrl_lightning.trainers.preference import MADPOTrainer
+
+    items = ITEMS + [{"prompt": f"Topic: {t}."} for t in ("trains", "music", "owls", "maps")]
+    args = MADPOConfig(**{**dict(num_train_epochs=2, preference_num_candidates=4, preference_pairs_per_sample=2,
+                                  max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-2,
+                                  train_batch_size=4, eval_interval=0, eval_num_samples=1,
+                                  agent_overlap=overlap_mode), **kwargs})
+    tr = MADPOTrainer(agent_model=model_dir, train_dataset=items, reward_func=cooperative_reward,
+                      formatters=FORMATTERS, args=args, trainer_kwargs=cpu_trainer_kwargs())
+    tr.train()
+    return tr
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_madpo_forwards_and_joint_backward_overlap_and_equal_the_sequential_update(tiny_model_dir, monkeypatch,
+                                                                                      accumulate):
+    """MADPO with "on": the agents' forwards and their shares of the joint backward run in two workers; the
+    weights after the fit are bit-equal to the sequential fit's (one backward of the joint loss)."""
+    workers = _Workers(monkeypatch)
+    on = _madpo(tiny_model_dir, "on", gradient_accumulation_steps=accumulate)
+    assert len(workers.of("update")) >= 4  # forwards and backwards, per batch
+    del workers.names[:]
+    off = _madpo(tiny_model_dir, "off", gradient_accumulation_steps=accumulate)
+    assert workers.names == [] and on.trainer.global_step == off.trainer.global_step > 0
+    for i in range(2):
+        after_on, after_off = list(on.team.parameters_of(i)), list(off.team.parameters_of(i))
+        assert all(torch.equal(a, b) for a, b in zip(after_on, after_off))
