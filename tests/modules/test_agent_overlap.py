@@ -205,12 +205,15 @@ def _iac(model_dir, cls, config, overlap_mode, **kwargs):
     return tr
 
 
-def test_iac_updates_overlap_and_equal_the_sequential_ones_maac_stays_sequential(tiny_model_dir, monkeypatch):
+@pytest.mark.parametrize("separate", [True, False])
+def test_iac_updates_overlap_and_equal_the_sequential_ones_maac_stays_sequential(tiny_model_dir, monkeypatch,
+                                                                                 separate):
+    """IAC with separate critics, and with value heads attached to the agents."""
     workers = _Workers(monkeypatch)
-    on = _iac(tiny_model_dir, IACTrainer, IACConfig, "on", use_separate_critic=True)
+    on = _iac(tiny_model_dir, IACTrainer, IACConfig, "on", use_separate_critic=separate)
     assert len(workers.of("update")) >= 2
     del workers.names[:]
-    off = _iac(tiny_model_dir, IACTrainer, IACConfig, "off", use_separate_critic=True)
+    off = _iac(tiny_model_dir, IACTrainer, IACConfig, "off", use_separate_critic=separate)
     assert workers.names == [] and on.trainer.global_step == off.trainer.global_step > 0
     for a, b in zip(on.module.state_dict().values(), off.module.state_dict().values()):
         assert torch.equal(a, b)
