@@ -92,6 +92,35 @@ def normalize_agent_overlap(value: Any) -> str:
     return key
 
 
+def _check_mode(mode: str) -> None:
+    if mode not in AGENT_OVERLAP_MODES:
+        raise ValueError(f"overlap mode must be one of {AGENT_OVERLAP_MODES}. Got {mode!r}.")
+
+
+def connected_groups(keys: Sequence[set[Any]]) -> list[list[int]]:
+    """Indices 0..len(keys)-1 grouped so that two indices whose key sets share a key (directly or through others)
+    land in one group; groups in order of their first index, each in index order."""
+    parent = list(range(len(keys)))
+
+    def root(j: int) -> int:
+        while parent[j] != j:
+            parent[j] = parent[parent[j]]
+            j = parent[j]
+        return j
+
+    owner: dict[Any, int] = {}
+    for j, job_keys in enumerate(keys):
+        for key in job_keys:
+            if key in owner:
+                parent[root(j)] = root(owner[key])
+            else:
+                owner[key] = j
+    groups: dict[int, list[int]] = {}
+    for j in range(len(keys)):
+        groups.setdefault(root(j), []).append(j)
+    return sorted(groups.values(), key=lambda g: g[0])
+
+
 def overlap_groups(devices: Sequence[torch.device], models: Sequence[Any], mode: str) -> list[list[int]]:
     """Indices of the agents' calls grouped into workers that run at the same time; within a group, one after
     another in index order. ``devices[i]``/``models[i]``: the device and model object of call i.
@@ -99,18 +128,10 @@ def overlap_groups(devices: Sequence[torch.device], models: Sequence[Any], mode:
     "off": one group. "auto": one group per distinct device, if there are >= 2 of them (else one group). "on": one
     group per distinct model object (calls on one model, e.g. LoRA adapters of one base, never run at once).
     """
+    _check_mode(mode)
     if mode == "off":
-        keys: list[Any] = [0] * len(devices)
-    elif mode == "auto":
-        keys = [str(d) for d in devices]
-    elif mode == "on":
-        keys = [id(m) for m in models]
-    else:
-        raise ValueError(f"overlap mode must be one of {AGENT_OVERLAP_MODES}. Got {mode!r}.")
-    groups: dict[Any, list[int]] = {}
-    for i, key in enumerate(keys):
-        groups.setdefault(key, []).append(i)
-    return list(groups.values())
+        return connected_groups([{"all"}] * len(devices))
+    return connected_groups([{str(d)} for d in devices] if mode == "auto" else [{id(m)} for m in models])
 
 
 def update_groups(members: Sequence[Sequence[torch.nn.Module]], mode: str) -> list[list[int]]:
@@ -120,33 +141,12 @@ def update_groups(members: Sequence[Sequence[torch.nn.Module]], mode: str) -> li
     Two jobs share a group when they touch a common parameter tensor (one model object, LoRA adapters of one base,
     MAAC's one critic), under "on" and "auto"; under "auto" also when they touch a common device. "off": one group.
     """
-    if mode not in AGENT_OVERLAP_MODES:
-        raise ValueError(f"overlap mode must be one of {AGENT_OVERLAP_MODES}. Got {mode!r}.")
-    n = len(members)
-    parent = list(range(n))
-
-    def root(j: int) -> int:
-        while parent[j] != j:
-            parent[j] = parent[parent[j]]
-            j = parent[j]
-        return j
-
-    owner: dict[Any, int] = {}
-    for j, modules in enumerate(members):
-        keys: set[Any] = {id(p) for m in modules for p in m.parameters()}
-        if mode == "auto":
-            keys |= {str(p.device) for m in modules for p in m.parameters()}
-        if mode == "off":
-            keys = {"all"}
-        for key in keys:
-            if key in owner:
-                parent[root(j)] = root(owner[key])
-            else:
-                owner[key] = j
-    groups: dict[int, list[int]] = {}
-    for j in range(n):
-        groups.setdefault(root(j), []).append(j)
-    return sorted(groups.values(), key=lambda g: g[0])
+    _check_mode(mode)
+    if mode == "off":
+        return connected_groups([{"all"}] * len(members))
+    params = [[p for m in modules for p in m.parameters()] for modules in members]
+    return connected_groups([{id(p) for p in ps} | ({str(p.device) for p in ps} if mode == "auto" else set())
+                             for ps in params])
 
 
 def draws_random_numbers(module: torch.nn.Module) -> bool:

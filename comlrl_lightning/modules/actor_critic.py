@@ -401,22 +401,17 @@ class ActorCriticModule(TeamModuleBase):
             members.append(self.critics[0 if self.is_maac else i])
         return members
 
-    def _update(self, i: int, samples: list[EpisodeSample], order: list[int] | None = None,
-                main: MainThread | None = None) -> dict[str, float]:
-        """Agent i's minibatch updates on one turn's samples, in ``order`` (default: drawn from ``_rng`` here);
-        Lightning's part through ``main`` (:meth:`~comlrl_lightning.modules.base.TeamModuleBase.run_agent_updates`).
-        Returns the turn's metrics."""
+    def _update(self, i: int, samples: list[EpisodeSample], order: list[int], main: MainThread) -> dict[str, float]:
+        """Agent i's minibatch updates on one turn's samples, in ``order`` (drawn by :meth:`_drain`); Lightning's
+        part through ``main`` (:meth:`~comlrl_lightning.modules.base.TeamModuleBase.run_agent_updates`). Returns the
+        turn's metrics."""
         a = self.args
-        main = main if main is not None else MainThread()
         opts = self.optimizer_list()
         actor_opt, critic_opts = opts[i], opts[self.team.num_agents:]
         targets = torch.tensor([s.target for s in samples], dtype=torch.float32, device=self.device)
         old = torch.tensor([s.old_value for s in samples], dtype=torch.float32, device=self.device)
         adv = td_advantages(targets, old, normalize=a.advantage_normalization)
         self._check_finite(i, "advantage", adv)
-        if order is None:
-            order = list(range(len(samples)))
-            self._rng.shuffle(order)
         actor_losses, value_losses = [], []
         for start in range(0, len(order), a.train_batch_size):
             idx = order[start:start + a.train_batch_size]

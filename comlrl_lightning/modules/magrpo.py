@@ -361,10 +361,9 @@ class MAGRPOModule(TeamModuleBase):
             row += k
         return total / len(minibatch)
 
-    def _update(self, agent: int, minibatch: Sequence[NodeSample], main: MainThread | None = None) -> float:
+    def _update(self, agent: int, minibatch: Sequence[NodeSample], main: MainThread) -> float:
         """One AdamW step of ``agent`` on ``minibatch``; Lightning's part through ``main``
         (:meth:`~comlrl_lightning.modules.base.TeamModuleBase.run_agent_updates`)."""
-        main = main if main is not None else MainThread()
         opt = self.optimizer_list()[agent]
         opt.zero_grad(set_to_none=True)
         loss = self.minibatch_loss(agent, minibatch)
