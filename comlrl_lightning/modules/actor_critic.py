@@ -46,7 +46,7 @@ from comlrl_lightning.generation import SamplingStream
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss, td_advantages, value_loss
-from comlrl_lightning.modules.base import TeamModuleBase
+from comlrl_lightning.modules.base import TeamModuleBase, default_adamw
 from comlrl_lightning.multiturn.episodes import EpisodeSample, first_prompt, run_episodes, turn_rewards, turn_summary
 from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
 from comlrl_lightning.nets.critics import build_critics, joint_critic_text, right_pad
@@ -169,7 +169,7 @@ class ActorCriticModule(TeamModuleBase):
         return super().agent_parameters(i) + heads
 
     def extra_optimizers(self) -> list[torch.optim.Optimizer]:
-        return [torch.optim.AdamW(c.trainable_parameters(), lr=self.args.critic_learning_rate) for c in self.critics]
+        return [default_adamw(c.trainable_parameters(), self.args.critic_learning_rate) for c in self.critics]
 
     # --- forward passes -----------------------------------------------------------------------------------
     def _ids(self, i: int) -> tuple[int, int]:

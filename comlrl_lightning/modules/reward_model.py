@@ -36,7 +36,12 @@ from torch import Tensor, nn
 
 from comlrl_lightning.agents import load_model, load_tokenizer, prepare_tokenizer
 from comlrl_lightning.losses import bradley_terry_loss, bradley_terry_stats
-from comlrl_lightning.modules.base import save_redacted_hyperparameters, seal_checkpoint, verify_checkpoint
+from comlrl_lightning.modules.base import (
+    default_adamw,
+    save_redacted_hyperparameters,
+    seal_checkpoint,
+    verify_checkpoint,
+)
 from comlrl_lightning.reward_model import (
     RewardModelOptions,
     check_prompt_part_fits,
@@ -331,7 +336,7 @@ class JointRewardModel(L.LightningModule):
         params = [p for p in self.parameters() if p.requires_grad]
         if not params:
             raise ValueError("JointRewardModel has no trainable parameters.")
-        return torch.optim.AdamW(params, lr=self.args.reward_learning_rate)
+        return default_adamw(params, self.args.reward_learning_rate)
 
     def on_fit_start(self) -> None:
         t = self.trainer
