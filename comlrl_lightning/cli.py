@@ -63,15 +63,16 @@ def _short_help() -> str:
 
 
 def user_error(exc: BaseException) -> str | None:
-    """The sentence of the deepest ``ValueError`` / ``TypeError`` raised by our own code in ``exc``'s chain
-    (e.g. "temperature must be > 0. Got 0.0. Allowed: numbers > 0."), or None when there is none."""
+    """The sentence of the deepest ``ValueError`` / ``TypeError`` (or error class of our own, e.g. ``SandboxError``)
+    raised by our own code in ``exc``'s chain (e.g. "temperature must be > 0. Got 0.0. Allowed: numbers > 0."), or
+    None when there is none."""
     found, seen, stack = None, set(), [exc]
     while stack:
         e = stack.pop()
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, (ValueError, TypeError)):
+        if isinstance(e, (ValueError, TypeError)) or type(e).__module__.startswith("comlrl_lightning."):
             tb, ours = e.__traceback__, False
             while tb is not None:
                 name = tb.tb_frame.f_code.co_filename

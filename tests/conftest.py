@@ -11,6 +11,46 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
+# Tests that run model code need the bubblewrap sandbox (docs/sandbox.md). Where it cannot run they skip, and the
+# session says so in its header and its summary, with the command that installs it.
+INSTALL_BWRAP = "`sudo apt-get install bubblewrap` (Debian/Ubuntu; `dnf install bubblewrap` on Fedora)"
+_SANDBOX_WORDS = ("bubblewrap", "no sandbox here", "the sandbox needs Linux")
+
+
+def _sandbox_problem() -> str | None:
+    from comlrl_lightning.envs.code.sandbox import unavailable_reason
+
+    return unavailable_reason()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "sandbox: runs model code in the bubblewrap sandbox; skipped where it cannot run")
+
+
+def pytest_report_header(config):
+    problem = _sandbox_problem()
+    return None if problem is None else f"sandbox: unavailable, its tests skip ({problem.split('. ')[0]})"
+
+
+def pytest_collection_modifyitems(config, items):
+    marked = [item for item in items if item.get_closest_marker("sandbox")]
+    problem = _sandbox_problem() if marked else None
+    if problem is not None:
+        skip = pytest.mark.skip(reason=f"no sandbox here: {problem.split('. ')[0]}")
+        for item in marked:
+            item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    skipped = [r for r in terminalreporter.stats.get("skipped", [])
+               if any(w in str(getattr(r, "longrepr", "")) for w in _SANDBOX_WORDS)]
+    if skipped:
+        terminalreporter.write_sep("=", "sandbox")
+        terminalreporter.write_line(
+            f"{len(skipped)} tests that run model code were skipped, the sandbox cannot run here: "
+            f"{(_sandbox_problem() or 'see the skip reasons').split('. ')[0]}. Install bubblewrap to run them: "
+            f"{INSTALL_BWRAP} (docs/sandbox.md).")
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:

@@ -220,6 +220,7 @@ def test_slice_tests():
 # Transitions
 
 
+@pytest.mark.sandbox  # a code transition checks at construction that the sandbox can run
 def test_mode_aliases_and_argument_checks():
     for alias, mode in [
         ("plain", "plain"),
@@ -244,6 +245,7 @@ def test_mode_aliases_and_argument_checks():
         t(ITEM["prompt"], [AUX], 2)
 
 
+@pytest.mark.sandbox  # a code transition checks at construction that the sandbox can run
 def test_plain_prompts():
     t = make_code_transition("plain", problems=[ITEM])
     aux_p, main_p = t(prompt=ITEM["prompt"], agent_completions=[AUX, "no code"], num_agents=2)
@@ -372,12 +374,14 @@ def test_passed_single_signal():
         "x", [AUX, MAIN_ALONE], 2)[1]
 
 
+@pytest.mark.sandbox  # a code transition checks at construction that the sandbox can run
 @pytest.mark.parametrize("mode", ["level_passed", "passed"])
 def test_signal_modes_need_the_task(mode):
     with pytest.raises(ValueError, match="register"):
         make_code_transition(mode)("def unknown():\n    pass\n", [AUX, MAIN_ALONE], 2)
 
 
+@pytest.mark.sandbox  # a code transition checks at construction that the sandbox can run
 def test_level_feedback_needs_the_task():
     with pytest.raises(ValueError, match="register"):
         make_code_transition("level_feedback")("def unknown():\n    pass\n", [AUX, MAIN_ALONE], 2)
@@ -386,6 +390,7 @@ def test_level_feedback_needs_the_task():
     assert t.resolve("  " + ITEM["prompt"].replace("\n", "\n ") + "\n")["entry_point"] == "sum_sq"
 
 
+@pytest.mark.sandbox  # a code transition checks at construction that the sandbox can run
 def test_expert_edits_prompts_retries_and_fallback(caplog):
     calls = []
 
@@ -432,6 +437,7 @@ def test_parse_expert_edits():
     assert parse_expert_edits('{"other": 1}') is None and parse_expert_edits("") is None
 
 
+@pytest.mark.sandbox  # a code transition checks at construction that the sandbox can run
 def test_bind_returns_an_independent_transition():
     t = make_code_transition("plain")
     bound = t.bind(ITEM)
@@ -482,6 +488,7 @@ def test_hub_name_fails_fast_when_offline(monkeypatch):
         load_code_problems("openai/openai_humaneval", split="test")
 
 
+@pytest.mark.sandbox  # a code transition checks at construction that the sandbox can run
 def test_expert_edits_through_http_client_on_loopback(monkeypatch):
     """expert_edits asks a real (loopback) OpenAI-style server through the project's HTTP client."""
     from fake_llm_server import FakeLLMServer, http_error

@@ -13,6 +13,7 @@ ITEM = {"task_id": "t/0", "entry_point": "sum_sq",
         "test": "def check(candidate):\n    assert candidate([1, 2]) == 5\n"}
 AUX = "def aux(x):\n    return x\n"
 MAIN = f"def {ITEM['entry_point']}(*args):\n    return aux(args)\n"
+pytestmark = pytest.mark.sandbox  # every code transition checks at construction that the sandbox can run
 EXPERT_VARS = ("EXPERT_API_URL", "EXPERT_API_KEY", "DEEPSEEK_API_KEY", "ANTHROPIC_API_KEY", "DASHSCOPE_API_KEY")
 
 

@@ -38,7 +38,8 @@ def test_every_config_is_replayed_somewhere():
     assert set(ALL) >= ELSEWHERE and len(ALL) >= 12
 
 
-@pytest.mark.parametrize("name", sorted(set(ALL) - ELSEWHERE))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.sandbox) if n.startswith("magrpo/code_") else n
+                                  for n in sorted(set(ALL) - ELSEWHERE)])  # the code environment needs bubblewrap
 def test_saved_config_reproduces_the_run(name, tmp_path, monkeypatch):
     from comlrl_lightning.cli import main
 

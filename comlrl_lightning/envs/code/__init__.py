@@ -1,7 +1,8 @@
 """The code-collaboration environment: agent 0 writes a helper ``aux(...)``, agent 1 the
 entry-point function that may call it (docs/multiturn.md §5.1, §6).
 
-- :mod:`.sandbox`: run model code against HumanEval-style tests in an isolated child process.
+- :mod:`.sandbox`: run model code against HumanEval-style tests in an isolated child process;
+  ``require_sandbox()`` fails at construction, with the install command, where bubblewrap is missing.
 - :mod:`.analysis`: extract the functions from model text; static checks.
 - :mod:`.rewards`: the aux/main reward (``code_reward_func``, ``make_code_reward_func``).
 - :mod:`.prompts`: the two agents' formatters.
@@ -24,6 +25,7 @@ from comlrl_lightning.envs.code.sandbox import (
     extract_test_cases,
     isolation_info,
     isolation_level,
+    require_sandbox,
     run_cases,
     run_tests,
     run_tests_many,
@@ -56,6 +58,7 @@ __all__ = [
     "make_code_reward_func",
     "make_code_transition",
     "parse_sandbox_slice",
+    "require_sandbox",
     "run_cases",
     "run_tests",
     "run_tests_many",

@@ -35,6 +35,7 @@ from comlrl_lightning.envs.code.analysis import CodeAnalysis, analyze
 from comlrl_lightning.envs.code.sandbox import (
     TestResult,
     extract_test_cases,
+    require_sandbox,
     run_cases,
     test_setup_code,
 )
@@ -166,8 +167,13 @@ def code_rewards(
 def make_code_reward_func(
     *, timeout_s: float = 10.0, max_timeouts: int = 3, max_workers: int | None = None, **sandbox_options
 ):
-    """A reward function for the aux/main code task with the given sandbox settings."""
+    """A reward function for the aux/main code task with the given sandbox settings; raises
+    :class:`~comlrl_lightning.envs.code.sandbox.SandboxError` here when the sandbox cannot run on this machine."""
+    require_sandbox(sandbox_options.get("isolation", "bwrap"), what="the code reward")
+    return _reward_func(timeout_s, max_timeouts, max_workers, sandbox_options)
 
+
+def _reward_func(timeout_s: float, max_timeouts: int, max_workers: int | None, sandbox_options: dict):
     def reward_func(
         completions_agent0: list[str], completions_agent1: list[str], *, batch_items=None
     ) -> list[float]:
@@ -188,5 +194,5 @@ def make_code_reward_func(
     return reward_func
 
 
-code_reward_func = make_code_reward_func()
+code_reward_func = _reward_func(10.0, 3, None, {})  # built at import: the sandbox is checked when it runs
 """The default reward: 10 s per test case, at most 3 timeouts."""

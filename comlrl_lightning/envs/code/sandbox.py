@@ -145,8 +145,21 @@ def isolation_level() -> str:
 
 
 def bwrap_path() -> str | None:
-    """The ``bwrap`` program, or None when bubblewrap is not installed."""
+    """The ``bwrap`` program, or None when bubblewrap is not installed (or hidden by ``COMLRL_LIGHTNING_NO_BWRAP=1``,
+    which lets a machine that has it check how the library behaves without it: CI does)."""
+    if os.environ.get("COMLRL_LIGHTNING_NO_BWRAP", "") not in ("", "0"):
+        return None
     return shutil.which("bwrap", path=os.environ.get("PATH", "") + ":/usr/bin:/bin")
+
+
+def require_sandbox(isolation: str = "bwrap", *, what: str = "the code environment") -> None:
+    """Raise :class:`SandboxError` at construction, with the install command, when `what` could not run its
+    sandbox here (instead of at the first rollout). ``isolation="unsafe-subprocess"`` needs nothing."""
+    if isolation == "unsafe-subprocess":
+        return
+    reason = unavailable_reason(isolation)
+    if reason is not None:
+        raise SandboxError(f"{what} runs model code in a sandbox: {reason}")
 
 
 # --------------------------------------------------------------------------------------------

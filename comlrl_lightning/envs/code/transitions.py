@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from comlrl_lightning.envs.code.analysis import AUX_NAME, CodeAnalysis, analyze
 from comlrl_lightning.envs.code.prompts import aux_prompt, main_prompt
-from comlrl_lightning.envs.code.sandbox import extract_test_cases, run_cases, test_setup_code
+from comlrl_lightning.envs.code.sandbox import extract_test_cases, require_sandbox, run_cases, test_setup_code
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +181,7 @@ class CodeTransition:
         **sandbox_options,
     ) -> None:
         self.mode = normalize_mode(mode)
+        require_sandbox(sandbox_options.get("isolation", "bwrap"), what=f"the code environment ({self.mode!r} mode)")
         if client is None and (expert_url or self.mode == "expert_edits"):
             from comlrl_lightning.envs.code.expert import default_expert, make_expert_client
 
