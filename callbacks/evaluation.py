@@ -97,7 +97,10 @@ class TaskRewardEvaluation(L.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         interval = pl_module.args.eval_interval if self.eval_interval is None else self.eval_interval
-        if interval > 0 and pl_module.updates_seen % interval == 0:
+        # a step of the RL trainers holds an update window of several items: evaluate before it when it holds an
+        # interval-th update (its items are sampled by the weights evaluated here; docs/multiturn.md §2.11)
+        start = pl_module.updates_seen
+        if interval > 0 and -(-start // interval) * interval < start + max(1, pl_module.updates_in_batch(batch)):
             self._run(trainer, pl_module, "periodic")
 
     def on_train_end(self, trainer, pl_module) -> None:

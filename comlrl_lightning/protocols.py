@@ -81,7 +81,8 @@ class TeamModule(Protocol):
     """A LightningModule that trains a team of agents.
 
     ``team`` (an :class:`~comlrl_lightning.agents.AgentTeam`), ``args`` (its config), ``updates_seen`` (task
-    items or pairs trained so far), the sampling settings of training, ``save_agents(output_dir)`` (one
+    items or pairs trained so far; ``updates_in_batch(batch)`` says by how much a training batch advances it), the
+    sampling settings of training, ``save_agents(output_dir)`` (one
     ``agent_{i}/`` folder per agent), :meth:`evaluate` (task-reward
     evaluation on given items; multi-turn modules roll out every turn) and :meth:`use_train_oracle` (the
     reward that scores training rollouts; None = the data module's task reward).
@@ -92,6 +93,7 @@ class TeamModule(Protocol):
     updates_seen: int
 
     def sampling_settings(self) -> Any: ...
+    def updates_in_batch(self, batch: Any) -> int: ...
     def save_agents(self, output_dir: str) -> list[str]: ...
     def evaluate(self, items: Sequence[dict], task: TaskSource, seed: int, samples_per_item: int = 1) -> dict: ...
     def use_train_oracle(self, oracle: Oracle | None) -> None: ...

@@ -30,6 +30,7 @@ from comlrl_lightning.config.devices import check_device_list
 from comlrl_lightning.config.iterative import _IterativePreferenceOptions
 from comlrl_lightning.config.preference import MADPOConfig
 from comlrl_lightning.config.reference_kl import check_reference_devices
+from comlrl_lightning.config.rollout import GenerationBatchOptions, check_generation_batch_size
 from comlrl_lightning.config.sampling import NumGenerationsOptions, check_num_generations
 
 if TYPE_CHECKING:  # imported when used: reward_model imports this package's checks
@@ -89,7 +90,7 @@ class CriticModelOptions:
 
 @dataclass
 class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardModelFields, NumGenerationsOptions,
-                   RLAlgorithmOptions, MADPOConfig):
+                   RLAlgorithmOptions, GenerationBatchOptions, MADPOConfig):
     """Options of the MARLHF trainer: MADPO's (docs/preference.md §2.1) plus docs/preference.md §2.2.
 
     ``advantage_mode`` is forced from ``rl_algorithm`` (magrpo→mean, mareinforce→raw, maremax→max,
@@ -122,6 +123,7 @@ class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardMo
             self.advantage_mode = MAGRPO_FAMILY[self.rl_algorithm]
         else:
             check_num_generations(self, 1)
+        check_generation_batch_size(self)
         if self.reward_model_name is not None and not isinstance(self.reward_model_name, str):
             raise _bad("reward_model_name must be provided when agent models are objects.", self.reward_model_name,
                        "a hub id, a local folder or 'embedded:tiny' (a string), or null")
@@ -190,7 +192,7 @@ class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardMo
             "eval_num_samples": self.eval_num_samples, "eval_batch_size": self.eval_batch_size,
             "logging_steps": self.logging_steps, "reference_kl_enabled": self.reference_kl_enabled,
             "reference_kl_coef": self.reference_kl_coef, "reference_devices": self.reference_devices,
-            "seed": self.seed,
+            "seed": self.seed, "generation_batch_size": self.generation_batch_size,
         }
         if self.rl_algorithm == "maac":
             return MAACConfig(**common)

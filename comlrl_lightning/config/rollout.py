@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from comlrl_lightning.config.checks import _bad, is_number
+from comlrl_lightning.config.checks import _bad, is_int, is_number
 from comlrl_lightning.losses import ADVANTAGE_MODES
 
 
@@ -23,6 +23,19 @@ class RolloutOptions:
     """A branch or episode stops after a turn whose mean immediate reward is > this. None = off."""
     external_prompt_passthrough: bool = False
     """Multi-turn: use the transition's strings as prompts as they are, with no formatter."""
+
+
+@dataclass
+class GenerationBatchOptions:
+    """How many task items one training step rolls out together (the RL trainers; docs/multiturn.md §2.11)."""
+
+    generation_batch_size: int | None = None
+    """Task items (prompts) rolled out together, with one ``generate`` per agent per tree level covering all of them
+    (TRL's name; there it counts completions, here prompts). None = the update window: the items up to and
+    including the one whose samples trigger the next update, so every item is sampled by exactly the weights that
+    would sample it with one item per step (exact on-policy, CoMLRL's semantics). A number rolls out that many
+    items per step whatever the updates in between: items after an update are sampled by older weights, and
+    ``train/agent{i}/staleness`` logs by how many optimizer steps."""
 
 
 @dataclass
@@ -57,3 +70,11 @@ def check_advantage_mode(cfg: Any) -> None:
         raise _bad("advantage_mode must be one of: mean, raw, max, rloo.", cfg.advantage_mode,
                    ", ".join(ADVANTAGE_MODES))
     cfg.advantage_mode = mode
+
+
+def check_generation_batch_size(cfg: Any) -> None:
+    """``generation_batch_size``: None (the update window) or an integer >= 1."""
+    value = cfg.generation_batch_size
+    if value is not None and (not is_int(value) or value < 1):
+        raise _bad("generation_batch_size must be null (the update window) or an integer >= 1.", value,
+                   "null or integers >= 1")

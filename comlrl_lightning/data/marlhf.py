@@ -16,11 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch.utils.data import DataLoader
 
 from comlrl_lightning.data.iterative import IterativePreferenceDataModule
-from comlrl_lightning.data.tasks_dm import _collate, _Items
+from comlrl_lightning.data.tasks_dm import task_loader
 
 
 class MARLHFIterDataModule(IterativePreferenceDataModule):
@@ -38,7 +37,4 @@ class MARLHFIterDataModule(IterativePreferenceDataModule):
         self.shuffle = shuffle
 
     def train_dataloader(self) -> DataLoader:
-        epoch = self.trainer.current_epoch if self.trainer is not None else 0
-        g = torch.Generator().manual_seed(int(self.seed) + int(epoch))
-        return DataLoader(_Items(self.train_items), batch_size=1, shuffle=self.shuffle, generator=g,
-                          collate_fn=_collate, num_workers=0)
+        return task_loader(self.train_items, self.shuffle, self.seed, self.trainer)

@@ -1,8 +1,8 @@
 """TaskDataModule: task items, formatters, the task-reward oracle and the external transition.
 
-The train dataloader yields one task item per step (batch size 1; the batch is ``[(index, item)]``), as the
-rollout-tree trainers consume it (docs/multiturn.md §2.1). ``eval_items``, ``formatters`` and ``oracle`` are the
-attributes :class:`~comlrl_lightning.callbacks.TaskRewardEvaluation` reads.
+The train dataloader yields the task items of one update window per step (``[(index, item), ...]``, the module's
+``items_per_step()``; docs/multiturn.md §2.11), as the rollout-tree trainers consume them. ``eval_items``,
+``formatters`` and ``oracle`` are the attributes :class:`~comlrl_lightning.callbacks.TaskRewardEvaluation` reads.
 """
 
 from __future__ import annotations
@@ -95,7 +95,21 @@ class TaskDataModule(EvalDataloaders, L.LightningDataModule):
                              f"{team.num_agents} agents.")
 
     def train_dataloader(self) -> DataLoader:
-        epoch = self.trainer.current_epoch if self.trainer is not None else 0
-        g = torch.Generator().manual_seed(int(self.seed) + int(epoch))
-        return DataLoader(_Items(self.train_items), batch_size=1, shuffle=self.shuffle, generator=g,
-                          collate_fn=_collate, num_workers=0)
+        return task_loader(self.train_items, self.shuffle, self.seed, self.trainer)
+
+
+def task_loader(items: list, shuffle: bool, seed: int, trainer: Any) -> DataLoader:
+    """The task items as ``[(index, item), ...]`` batches of the module's ``items_per_step()`` (1 without a
+    module; at most the whole dataset), shuffled per epoch with ``seed + epoch`` when ``shuffle``. A fixed
+    ``generation_batch_size`` above the dataset's size is an error."""
+    epoch = trainer.current_epoch if trainer is not None else 0
+    module = trainer.lightning_module if trainer is not None else None
+    per_step = module.items_per_step() if module is not None and hasattr(module, "items_per_step") else 1
+    fixed = getattr(getattr(module, "args", None), "generation_batch_size", None)
+    if fixed is not None and fixed > len(items):
+        raise ValueError(f"generation_batch_size={fixed} is larger than the train dataset ({len(items)} items). "
+                         f"Set generation_batch_size to at most {len(items)}, or null for the update window.")
+    per_step = max(1, min(per_step, len(items)))
+    g = torch.Generator().manual_seed(int(seed) + int(epoch))
+    return DataLoader(_Items(items), batch_size=per_step, shuffle=shuffle, generator=g, collate_fn=_collate,
+                      num_workers=0)

@@ -49,6 +49,7 @@ from comlrl_lightning.losses import policy_gradient_loss, td_advantages, value_l
 from comlrl_lightning.modules.base import TeamModuleBase, default_adamw
 from comlrl_lightning.multiturn.episodes import EpisodeSample, first_prompt, run_episodes, turn_rewards, turn_summary
 from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
+from comlrl_lightning.multiturn.tree import rollout_window, update_windows
 from comlrl_lightning.nets.critics import build_critics, joint_critic_text, right_pad
 from comlrl_lightning.overlap import MainThread
 from comlrl_lightning.tiny import TINY_MODEL_NAME
@@ -119,6 +120,7 @@ class ActorCriticModule(TeamModuleBase):
         self._rng = random.Random(a.seed)
         self.buffers: list[list[EpisodeSample]] = [[] for _ in range(n)]
         self.num_drains = 0
+        self.policy_versions = [0] * n  # updates (buffer drains) of each agent so far: the version of its weights
         self._last_logged_env_step: int | None = None
         self.last_rollouts: list[EpisodeSample] = []
         self.formatters: list[Callable] | None = None
@@ -328,31 +330,54 @@ class ActorCriticModule(TeamModuleBase):
         return out
 
     # --- training -----------------------------------------------------------------------------------------
+    def items_per_step(self) -> int:
+        """``generation_batch_size``, or the update window from empty buffers (docs/multiturn.md §2.11)."""
+        if self.args.generation_batch_size is not None:
+            return int(self.args.generation_batch_size)
+        return rollout_window([0] * self.team.num_agents, self.args.rollout_buffer_size, self._max_samples_per_item(),
+                              self.args.rollout_buffer_size)
+
+    def updates_in_batch(self, batch: Any) -> int:
+        return len(batch) if isinstance(batch, list) else 1
+
+    def _max_samples_per_item(self) -> int:
+        return self.args.num_generations * self.args.num_turns  # K completions per turn (K = 1 when multi-turn)
+
     def training_step(self, batch: Any, batch_idx: int) -> None:
+        """Roll out the batch's items window by window (:func:`~comlrl_lightning.multiturn.tree.update_windows`),
+        then, item after item as with one item per step, add each item's samples to the buffers and drain the agents
+        whose buffer is full; the epoch's last item flushes every buffer."""
         items = batch if isinstance(batch, list) else [batch]
-        n = self.team.num_agents
+        a, n = self.args, self.team.num_agents
         entries = [entry if isinstance(entry, tuple) else (batch_idx, entry) for entry in items]
-        for rollouts in self.collect_batch(entries, oracle=self.train_oracle):
-            self.last_rollouts = rollouts
-            self.env_step += len(rollouts) // n
-            for s in rollouts:
-                self.buffers[s.agent].append(s)
-            if self.metrics_callback is not None:
-                clean = {}
-                for key, v in (self.metrics_callback(rollouts) or {}).items():
-                    try:
-                        clean[key] = float(v)
-                    except (TypeError, ValueError):
-                        continue
-                self._emit(clean, gate=False)
-            self.log("reward", sum(s.reward for s in rollouts) / len(rollouts), prog_bar=True, logger=False,
-                     batch_size=1)
-        ready = [i for i in range(n) if len(self.buffers[i]) >= self.args.rollout_buffer_size]
-        if batch_idx + 1 >= self.trainer.num_training_batches:  # the epoch's last batch: flush everything
-            ready = [i for i in range(n) if self.buffers[i]]
-        if ready:
-            self._drain(ready)
-        self.updates_seen += 1
+        last_batch = batch_idx + 1 >= self.trainer.num_training_batches
+        done = 0
+        for window in update_windows(entries, lambda: [len(b) for b in self.buffers], a.rollout_buffer_size,
+                                     self._max_samples_per_item(), whole=a.generation_batch_size is not None):
+            versions = list(self.policy_versions)  # every episode of the window was sampled by these weights
+            for rollouts in self.collect_batch(window, oracle=self.train_oracle):
+                done += 1
+                self.last_rollouts = rollouts
+                self.env_step += len(rollouts) // n
+                for s in rollouts:
+                    s.version = versions[s.agent]
+                    self.buffers[s.agent].append(s)
+                if self.metrics_callback is not None:
+                    clean = {}
+                    for key, v in (self.metrics_callback(rollouts) or {}).items():
+                        try:
+                            clean[key] = float(v)
+                        except (TypeError, ValueError):
+                            continue
+                    self._emit(clean, gate=False)
+                self.log("reward", sum(s.reward for s in rollouts) / len(rollouts), prog_bar=True, logger=False,
+                         batch_size=1)
+                ready = [i for i in range(n) if len(self.buffers[i]) >= a.rollout_buffer_size]
+                if last_batch and done == len(entries):  # the epoch's last item: flush everything
+                    ready = [i for i in range(n) if self.buffers[i]]
+                if ready:
+                    self._drain(ready)
+                self.updates_seen += 1
 
     def on_train_epoch_end(self) -> None:
         # Normally flushed by the epoch's last training_step (so its optimizer steps count in global_step);
@@ -366,9 +391,12 @@ class ActorCriticModule(TeamModuleBase):
         are drawn first (agent after agent, turn after turn, from the one ``_rng``); the agents' updates then run
         through :meth:`run_agent_updates` (at the same time where ``agent_overlap`` allows; MAAC's one critic keeps
         them one after another)."""
-        plans = []
+        plans, staleness = [], {}
         for i in agents:
             samples, self.buffers[i] = self.buffers[i], []
+            staleness[f"train/agent{i}/staleness"] = sum(self.policy_versions[i] - s.version for s in samples) / len(
+                samples)
+            self.policy_versions[i] += 1
             turns = []
             for t in sorted({s.turn for s in samples}):
                 group = [s for s in samples if s.turn == t]
@@ -380,7 +408,7 @@ class ActorCriticModule(TeamModuleBase):
         done = self.run_agent_updates(
             agents, lambda i, main: [self._update(i, group, order, main) for group, order in plan_of[i]],
             members=[self._update_members(i) for i in agents])
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = dict(staleness)
         for turns in done:
             for out in turns:
                 metrics.update(out)
@@ -470,11 +498,13 @@ class ActorCriticModule(TeamModuleBase):
 
     # --- checkpoint and export ----------------------------------------------------------------------------
     def progress_state(self) -> dict[str, Any]:
-        return {**super().progress_state(), "num_drains": self.num_drains, **self.rank_state()}
+        return {**super().progress_state(), "num_drains": self.num_drains,
+                "policy_versions": list(self.policy_versions), **self.rank_state()}
 
     def load_progress_state(self, state: dict[str, Any]) -> None:
         super().load_progress_state(state)
         self.num_drains = int(state.get("num_drains", 0))
+        self.policy_versions = [int(v) for v in state.get("policy_versions", self.policy_versions)]
         self.load_rank_state(state)
 
     def rank_state(self) -> dict[str, Any]:

@@ -412,6 +412,15 @@ class TeamModuleBase(L.LightningModule):
             self.step_scheduler(scheduler_of)
 
     # --- progress and export -----------------------------------------------------------------------------
+    def items_per_step(self) -> int:
+        """Task items per training step: the batch size of the task data module's loader (1; the RL trainers roll
+        out an update window per step, docs/multiturn.md §2.11)."""
+        return 1
+
+    def updates_in_batch(self, batch: Any) -> int:
+        """By how much one training batch advances ``updates_seen`` (1; the RL trainers: one per task item)."""
+        return 1
+
     def progress_state(self) -> dict[str, Any]:
         """Counters saved in the checkpoint (plain types only)."""
         return {"env_step": self.env_step, "updates_seen": self.updates_seen}

@@ -1,11 +1,14 @@
 """MAGRPOModule: multi-agent GRPO and its REINFORCE-family variants over multi-turn rollout trees.
 
-One training step = one batch of task items (one item with the TaskDataModule) = one rollout tree per item
-(docs/multiturn.md §2.1-2.7, built by :func:`comlrl_lightning.multiturn.tree.build_trees`: one batched ``generate``
-per agent per tree level, covering every node of the level in every tree of the batch). The node samples enter
-per-agent buffers item by item, in env-step order; an agent whose buffer holds ``rollout_buffer_size`` samples
-is drained: its samples are split by turn, shuffled, cut into minibatches of ``train_batch_size`` node samples,
-one AdamW step each (docs/multiturn.md §2.9). Remaining samples are flushed at the last step of every epoch.
+One training step = one batch of task items = one rollout tree per item (docs/multiturn.md §2.1-2.7, built by
+:func:`comlrl_lightning.multiturn.tree.build_trees`). The batch is cut into update windows (docs/multiturn.md §2.11):
+the items up to the one whose samples trigger the next update are rolled out together, one batched ``generate`` per
+agent per tree level covering every node of the level in every tree of the window, so each tree is sampled by exactly
+the weights that would sample it with one item per step (``generation_batch_size`` trades this for larger
+batches). The node samples enter per-agent buffers item by item, in env-step order; an agent whose buffer holds
+``rollout_buffer_size`` samples is drained: its samples are split by turn, shuffled, cut into minibatches of
+``train_batch_size`` node samples, one AdamW step each (docs/multiturn.md §2.9). Remaining samples are flushed at
+the last step of every epoch.
 
 Loss of one node sample (K completions y_k of prompt x, advantages Â_k; docs/multiturn.md §2.8):
 ``L = (1/K') Σ_k −Â_k Σ_t log π(y_kt | x, y_k,<t)`` over the completion tokens up to and including the
@@ -45,7 +48,15 @@ from comlrl_lightning.losses import policy_gradient_loss
 from comlrl_lightning.metrics import mean_across_ranks
 from comlrl_lightning.modules.base import TeamModuleBase
 from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
-from comlrl_lightning.multiturn.tree import AgentDraw, NodeSample, build_trees, node_samples
+from comlrl_lightning.multiturn.tree import (
+    AgentDraw,
+    NodeSample,
+    build_trees,
+    max_nodes_per_tree,
+    node_samples,
+    rollout_window,
+    update_windows,
+)
 from comlrl_lightning.overlap import MainThread
 from comlrl_lightning.reference import ReferencePolicies, sequence_kl
 from comlrl_lightning.tiny import TINY_MODEL_NAME
@@ -89,6 +100,7 @@ class MAGRPOModule(TeamModuleBase):
         self.shuffle_rng = random.Random(self.args.seed)
         self.buffers: list[list[NodeSample]] = [[] for _ in range(n)]
         self.optimizer_steps = 0
+        self.policy_versions = [0] * n  # updates (buffer drains) of each agent so far: the version of its weights
         self._last_logged_step: int | None = None
 
     def setup(self, stage: str) -> None:
@@ -275,23 +287,42 @@ class MAGRPOModule(TeamModuleBase):
         return out
 
     # --- training ------------------------------------------------------------------------------------------
+    def items_per_step(self) -> int:
+        """``generation_batch_size``, or the update window from empty buffers (docs/multiturn.md §2.11)."""
+        if self.args.generation_batch_size is not None:
+            return int(self.args.generation_batch_size)
+        return rollout_window([0] * self.team.num_agents, self.args.rollout_buffer_size, self._max_samples_per_item(),
+                              self.args.rollout_buffer_size)
+
+    def updates_in_batch(self, batch: Sequence) -> int:
+        return len(batch)
+
+    def _max_samples_per_item(self) -> int:
+        a = self.args
+        return max_nodes_per_tree(self.team.num_agents, a.num_generations, a.num_turns, a.joint_mode)
+
     def training_step(self, batch: list[tuple[int, dict]], batch_idx: int) -> None:
         dm = self.trainer.datamodule
         oracle = self.training_oracle(dm)
         losses = []
-        trees = self.rollout_batch(batch, dm.formatters, oracle, getattr(dm, "external_transition", None),
-                                   getattr(dm, "prompt_field", "prompt"))
-        for _, samples in trees:
-            # docs/multiturn.md §2.9: group by node env_step (pre-order), agents in index order; drain ready agents per
-            # group.
-            for _, group in itertools.groupby(samples, key=lambda s: s.env_step):
-                ready = []
-                for s in group:
-                    self.buffers[s.agent].append(s)
-                    if len(self.buffers[s.agent]) >= self.args.rollout_buffer_size and s.agent not in ready:
-                        ready.append(s.agent)
-                losses += self.drain_agents(ready)
-            self.updates_seen += 1
+        a = self.args
+        for window in update_windows(batch, lambda: [len(b) for b in self.buffers], a.rollout_buffer_size,
+                                     self._max_samples_per_item(), whole=a.generation_batch_size is not None):
+            trees = self.rollout_batch(window, dm.formatters, oracle, getattr(dm, "external_transition", None),
+                                       getattr(dm, "prompt_field", "prompt"))
+            versions = list(self.policy_versions)  # every tree of the window was sampled by these weights
+            for _, samples in trees:
+                # docs/multiturn.md §2.9: group by node env_step (pre-order), agents in index order; drain ready agents
+                # per group.
+                for _, group in itertools.groupby(samples, key=lambda s: s.env_step):
+                    ready = []
+                    for s in group:
+                        s.version = versions[s.agent]
+                        self.buffers[s.agent].append(s)
+                        if len(self.buffers[s.agent]) >= self.args.rollout_buffer_size and s.agent not in ready:
+                            ready.append(s.agent)
+                    losses += self.drain_agents(ready)
+                self.updates_seen += 1
         if batch_idx + 1 >= self.trainer.num_training_batches:
             losses += self.flush()
         if losses:
@@ -316,9 +347,11 @@ class MAGRPOModule(TeamModuleBase):
         updates then run through :meth:`run_agent_updates` (at the same time where ``agent_overlap`` allows: the
         agents share nothing else, so the weights equal the agent-after-agent drain); the turn groups are logged
         last, in agent and turn order."""
-        plans = []
+        plans, staleness = [], []
         for agent in agents:
             samples, self.buffers[agent] = self.buffers[agent], []
+            staleness.append(_mean([self.policy_versions[agent] - s.version for s in samples]))
+            self.policy_versions[agent] += 1
             by_turn: dict[int, list[NodeSample]] = defaultdict(list)
             for s in samples:
                 by_turn[s.turn].append(s)
@@ -328,10 +361,10 @@ class MAGRPOModule(TeamModuleBase):
         plan_of = dict(zip(agents, plans))
         done = self.run_agent_updates(agents, lambda agent, main: self._drain_plan(agent, plan_of[agent], main))
         losses = []
-        for agent, plan, group_losses in zip(agents, plans, done):
+        for agent, plan, group_losses, stale in zip(agents, plans, done, staleness):
             for (turn, group), turn_losses in zip(plan, group_losses):
                 losses += turn_losses
-                self._log_group(agent, turn, group, turn_losses)
+                self._log_group(agent, turn, group, turn_losses, stale)
         return losses
 
     def _drain_plan(self, agent: int, plan: Sequence[tuple[int, list[NodeSample]]], main: MainThread
@@ -380,7 +413,8 @@ class MAGRPOModule(TeamModuleBase):
         super()._step(optimizer, scheduler_of)
         self.optimizer_steps += 1
 
-    def _log_group(self, agent: int, turn: int, group: Sequence[NodeSample], losses: Sequence[float]) -> None:
+    def _log_group(self, agent: int, turn: int, group: Sequence[NodeSample], losses: Sequence[float],
+                   staleness: float = 0.0) -> None:
         """One entry per (agent, turn group) per drain, gated by ``logging_steps`` on env_step
         (docs/multiturn.md §10.1)."""
         step = max(s.env_step for s in group)
@@ -398,6 +432,7 @@ class MAGRPOModule(TeamModuleBase):
             f"train/agent{agent}/reward_std": _mean([s.reward_std for s in group]),
             f"train/agent{agent}/completions/mean_length": _mean(lengths),
             "train/loss": _mean(losses),
+            f"train/agent{agent}/staleness": staleness,
             "env_step": float(self.env_step),
         }
         if self.reference is not None:
@@ -414,11 +449,13 @@ class MAGRPOModule(TeamModuleBase):
     # --- checkpoint ----------------------------------------------------------------------------------------
     def progress_state(self) -> dict[str, Any]:
         return {**super().progress_state(), "optimizer_steps": self.optimizer_steps,
+                "policy_versions": list(self.policy_versions),
                 "streams": [s.state_dict() for s in self.streams], "shuffle_rng": list(self.shuffle_rng.getstate())}
 
     def load_progress_state(self, state: dict[str, Any]) -> None:
         super().load_progress_state(state)
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
+        self.policy_versions = [int(v) for v in state.get("policy_versions", self.policy_versions)]
         self.load_rank_state(state)
 
     def rank_state(self) -> dict[str, Any]:

@@ -63,6 +63,8 @@ class EpisodeSample:
     shaped: float = 0.0
     target: float = 0.0
     return_to_go: float = 0.0
+    version: int = 0
+    """How many updates the agent had taken when its weights sampled this completion (set by the trainer)."""
 
     def __getitem__(self, key: str) -> Any:
         name = _KEY_TO_FIELD.get(key, key)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -96,6 +96,8 @@ class NodeSample:
     node_mean_reward: float
     node_mean_return: float
     reward_std: float
+    version: int = 0
+    """How many updates the agent had taken when its weights sampled this node (set by the trainer)."""
 
 
 SampleFn = Callable[[int, int, str, str], AgentDraw]
@@ -294,3 +296,43 @@ def node_samples(
 def _pop_std(values: Sequence[float]) -> float:
     m = sum(values) / len(values)
     return math.sqrt(sum((v - m) ** 2 for v in values) / len(values))
+
+
+def max_nodes_per_tree(num_agents: int, num_generations: int, num_turns: int, joint_mode: str) -> int:
+    """The most node samples one tree gives each agent: Σ_{t<T} B^t with B = K (aligned) or K^N (cross), reached
+    when no branch terminates early (docs/multiturn.md §2.3)."""
+    branches = len(joint_actions(num_agents, num_generations, joint_mode))
+    return sum(branches ** t for t in range(num_turns))
+
+
+def rollout_window(buffered: Sequence[int], buffer_size: int, max_samples_per_item: int, available: int) -> int:
+    """How many of the next ``available`` items can be rolled out together, exactly on-policy.
+
+    With one item per training step, an agent is updated (its buffer drained) as soon as its buffer holds
+    ``buffer_size`` samples, and the next item is sampled by the updated weights. Items rolled out together are
+    sampled by the same weights, so only the last of them may trigger an update: with ``b_a`` samples buffered for
+    agent a and at most ``M`` samples per item and agent, the first ``m - 1`` items can never fill a buffer when
+    ``b_a + (m - 1)·M < buffer_size`` for every agent, hence
+
+        m = min(available, 1 + min_a ⌊(buffer_size − 1 − b_a) / M⌋),  at least 1.
+
+    Without early termination every item gives exactly M samples and the window ends at the item that triggers the
+    update; with it, items may give fewer and the window is merely shorter (never stale).
+    """
+    if available < 1:
+        return 0
+    room = min((buffer_size - 1 - b) // max_samples_per_item for b in buffered) if buffered else 0
+    return max(1, min(available, 1 + room))
+
+
+def update_windows(batch: Sequence, buffered: Callable[[], Sequence[int]], buffer_size: int,
+                   max_samples_per_item: int, whole: bool = False) -> Iterator[list]:
+    """Cut a training batch into the item groups rolled out together: :func:`rollout_window` items at a time, each
+    window computed when it is asked for, from ``buffered()`` (the samples per agent that the previous windows
+    left in the buffers). ``whole``: the batch is one window (a fixed ``generation_batch_size``)."""
+    pos = 0
+    while pos < len(batch):
+        left = len(batch) - pos
+        size = left if whole else rollout_window(buffered(), buffer_size, max_samples_per_item, left)
+        yield list(batch[pos:pos + size])
+        pos += size

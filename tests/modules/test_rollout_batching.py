@@ -55,11 +55,21 @@ def test_training_step_makes_one_generate_call_per_agent_per_level(tiny_model_di
     tr.train()
     k = 2
     b = k if mode == "aligned" else k ** 2
-    # 2 training steps (one item each); per step and agent: one call per level covering its B^t nodes
-    per_step = [b ** t for t in range(turns)]
+    # the buffer (100) never fills: both items are one update window, rolled out together; per agent one call per
+    # level covering the B^t nodes of both trees
     for a in range(2):
-        assert calls[a] == per_step * 2
+        assert calls[a] == [2 * b ** t for t in range(turns)]
     assert tr.module.env_step == 2 * sum(b ** (t + 1) for t in range(turns))
+
+
+@pytest.mark.parametrize("mode,turns", [("aligned", 2), ("aligned", 1)])
+def test_generation_batch_size_one_rolls_out_item_by_item(tiny_model_dir, mode, turns):
+    tr = make_trainer(tiny_model_dir, ITEMS[:2], num_turns=turns, joint_mode=mode, generation_batch_size=1)
+    calls = count_generate(tr.team)
+    tr.train()
+    # 2 training steps (one item each); per step and agent: one call per level covering its B^t nodes
+    for a in range(2):
+        assert calls[a] == [2 ** t for t in range(turns)] * 2
 
 
 @pytest.mark.parametrize("mode", ["aligned", "cross"])
