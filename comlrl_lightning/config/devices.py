@@ -49,13 +49,16 @@ def normalize_parallel_training(cfg: Any) -> None:
                    "a device string or a list of length 1 or num_agents")
     cfg.parallel_training = pt
     cfg.agent_overlap = normalize_agent_overlap(cfg.agent_overlap)
-    if pt == "mp":
-        check_devices_exist(cfg, "agent_devices")
+    check_devices_exist(cfg, "agent_devices")
+
+
+#: Every device option of the configs; each is checked against the machine at construction, whatever the mode.
+DEVICE_OPTIONS = ("agent_devices", "critic_devices", "reference_devices", "comparator_devices", "reward_model_device")
 
 
 def check_devices_exist(cfg: Any, name: str) -> None:
     """Every device named by option ``name`` exists on this machine (checked at construction, so a typo such
-    as ``cuda:3`` on a 2-GPU machine fails before any model is loaded)."""
+    as ``cuda:3`` on a 2-GPU machine, or ``cuda:1`` on a CPU-only one, fails before any model is loaded)."""
     from comlrl_lightning.devices import available_devices, missing_device
 
     spec = getattr(cfg, name)
@@ -67,9 +70,8 @@ def check_devices_exist(cfg: Any, name: str) -> None:
 
 def check_device_list(cfg: Any, name: str, expected: int) -> None:
     """A device list in option ``name`` must be non-empty and, in "mp" mode, have 1 or ``expected`` entries (with
-    "none" the first entry is used, as upstream's resolve_single_device does)."""
-    if cfg.parallel_training == "mp":
-        check_devices_exist(cfg, name)
+    "none" the first entry is used, as upstream's resolve_single_device does). Its devices must exist here."""
+    check_devices_exist(cfg, name)
     count = device_count(getattr(cfg, name))
     if count is None or (cfg.parallel_training != "mp" and count):
         return

@@ -16,6 +16,7 @@ from comlrl_lightning.config.checks import (
     is_int,
     is_number,
 )
+from comlrl_lightning.config.devices import check_devices_exist
 from comlrl_lightning.config.secrets import redact_secrets
 
 REPLAY_MODE_ALIASES = {
@@ -154,6 +155,7 @@ class _IterativePreferenceOptions:
             if idx >= self.num_agents:
                 raise _bad("comparator_centralized_agent_index must be smaller than num_agents.", idx,
                            f"0..{self.num_agents - 1}")
+        check_devices_exist(self, "comparator_devices")
         check_optional_count("comparator_num_candidates", self.comparator_num_candidates)
         check_optional_count("comparator_api_max_n_per_request", self.comparator_api_max_n_per_request)
         has_model = self.comparator_model_name is not None or self.comparator_agents is not None

@@ -26,7 +26,7 @@ from comlrl_lightning.config.critic import (
     check_value_loss_coef,
     normalize_critic_type,
 )
-from comlrl_lightning.config.devices import check_device_list
+from comlrl_lightning.config.devices import check_device_list, check_devices_exist
 from comlrl_lightning.config.iterative import _IterativePreferenceOptions
 from comlrl_lightning.config.preference import MADPOConfig
 from comlrl_lightning.config.reference_kl import check_reference_devices
@@ -142,6 +142,7 @@ class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardMo
                 raise _bad("reward_model_device must be a torch device string or null.", self.reward_model_device,
                            "'cpu', 'cuda', 'cuda:1', 'mps', ... or null (= the Lightning accelerator)") from None
             self.reward_model_device = device
+            check_devices_exist(self, "reward_model_device")
         if self.is_actor_critic:  # the critic count of the RL stage: one shared (maac) or one per agent (iac)
             check_device_list(self, "critic_devices", 1 if self.rl_algorithm == "maac" else self.num_agents)
         check_critic_learning_rate(self)

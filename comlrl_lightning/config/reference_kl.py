@@ -28,12 +28,12 @@ def check_reference_kl_coef(cfg: Any) -> None:
 
 
 def check_reference_devices(cfg: Any) -> None:
-    """With reference KL on, ``reference_devices`` (when a list) must name 1 or ``num_agents`` devices."""
+    """With reference KL on, ``reference_devices`` (when a list) must name 1 or ``num_agents`` devices; on or off,
+    the devices it names must exist here."""
     count = device_count(cfg.reference_devices)
     if cfg.reference_kl_enabled and count is not None and count not in (1, cfg.num_agents):
         raise _bad(f"reference_devices length ({count}) must be 1 or N.", cfg.reference_devices,
                    f"a device string, or a list of 1 or num_agents={cfg.num_agents} entries")
-    if cfg.reference_kl_enabled:
-        from comlrl_lightning.config.devices import check_devices_exist
+    from comlrl_lightning.config.devices import check_devices_exist
 
-        check_devices_exist(cfg, "reference_devices")
+    check_devices_exist(cfg, "reference_devices")

@@ -6,7 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from comlrl_lightning.config import IACConfig, MADPOConfig, MAGRPOConfig
+from comlrl_lightning.config import (
+    IACConfig,
+    MAACConfig,
+    MADPOConfig,
+    MADPOIterConfig,
+    MAGRPOConfig,
+    MARLHFConfig,
+    MARLHFIterConfig,
+)
+from comlrl_lightning.config.devices import DEVICE_OPTIONS
 from comlrl_lightning.devices import available_devices, device_of, missing_device, resolve_devices
 
 
@@ -40,6 +49,16 @@ def test_device_of_reads_the_first_parameter():
     (lambda d: MAGRPOConfig(parallel_training="mp", agent_devices=d), "agent_devices"),
     (lambda d: IACConfig(parallel_training="mp", agent_devices="cpu", critic_devices=[d, "cpu"]), "critic_devices"),
     (lambda d: MAGRPOConfig(reference_kl_enabled=True, reference_devices=d), "reference_devices"),
+    # every device option, in every mode: "none" or "mp", reference KL on or off, any comparator policy
+    (lambda d: MADPOConfig(agent_devices=d), "agent_devices"),
+    (lambda d: MAGRPOConfig(reference_devices=[d]), "reference_devices"),
+    (lambda d: IACConfig(critic_devices=d), "critic_devices"),
+    (lambda d: MAACConfig(critic_devices=d), "critic_devices"),
+    (lambda d: MADPOIterConfig(comparator_devices=d), "comparator_devices"),
+    (lambda d: MADPOIterConfig(comparator_policy="current_copy", comparator_devices=["cpu", d]), "comparator_devices"),
+    (lambda d: MARLHFIterConfig(comparator_devices=d), "comparator_devices"),
+    (lambda d: MARLHFConfig(reward_model_device=d), "reward_model_device"),
+    (lambda d: MARLHFConfig(rl_algorithm="iac", critic_devices=[d, "cpu"]), "critic_devices"),
 ])
 def test_a_device_the_machine_lacks_is_refused_at_construction(make, option):
     absent = f"cuda:{torch.cuda.device_count()}"
@@ -51,3 +70,19 @@ def test_a_device_the_machine_lacks_is_refused_at_construction(make, option):
 def test_devices_on_the_machine_are_accepted():
     assert MADPOConfig(parallel_training="mp", agent_devices=["cpu", "cpu"]).agent_devices == ["cpu", "cpu"]
     assert IACConfig(parallel_training="mp", agent_devices="cpu", critic_devices="cpu").critic_devices == "cpu"
+
+
+
+def test_every_device_option_is_checked():
+    """A new ``*_device(s)`` option of any config must join DEVICE_OPTIONS and the refusal cases above."""
+    import dataclasses
+    import inspect
+    import sys
+
+    import comlrl_lightning.config as config
+
+    names = {f.name for cls in vars(config).values() if dataclasses.is_dataclass(cls)
+             for f in dataclasses.fields(cls) if f.name.endswith(("_device", "_devices"))}
+    assert names == set(DEVICE_OPTIONS)
+    source = inspect.getsource(sys.modules[__name__])
+    assert all(f'"{name}"),' in source for name in DEVICE_OPTIONS)
