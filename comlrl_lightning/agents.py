@@ -31,11 +31,16 @@ class ModelLoadError(RuntimeError):
 def resolve_model_source(source: str) -> str:
     """Map a user-facing model name to what ``from_pretrained`` takes.
 
-    ``embedded:tiny`` is the project's offline default (built on first use); everything else is passed
-    through (a local folder or a hub id).
+    ``embedded:tiny`` is the project's offline default (built on first use); a ``.gguf`` path or a
+    ``packaged:`` name becomes its cached de-quantised folder (:mod:`comlrl_lightning.gguf`, docs/models.md);
+    everything else is passed through (a local folder or a hub id).
     """
     if source == TINY_MODEL_NAME:
         return tiny_model_path()
+    if source.startswith("packaged:") or source.lower().endswith(".gguf"):
+        from comlrl_lightning.gguf import resolve_gguf
+
+        return resolve_gguf(source)
     return source
 
 
@@ -138,7 +143,7 @@ def load_kwargs(model_config: dict | None) -> dict[str, Any]:
 
 
 def load_model(source: str, model_config: dict | None = None) -> nn.Module:
-    """Load one causal LM from a hub id, a local folder, or ``embedded:tiny``."""
+    """Load one causal LM from a hub id, a local folder, a ``.gguf`` file / ``packaged:`` name, or ``embedded:tiny``."""
     from transformers import AutoModelForCausalLM
 
     return _from_pretrained(AutoModelForCausalLM, source, "model", **load_kwargs(model_config))
