@@ -500,6 +500,315 @@ def orphans_after_trainer_crash(ws: Path, repo: str):
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# Forging the verdict from the model's own module (issue 31): the tests must see the entry point only.
+
+
+def forge_shadow_builtins(ws: Path):
+    code = (
+        "def abs(x):\n    return 0\n"
+        "def range(*a):\n    return []\n"
+        "def len(x):\n    return 3\n"
+        "def sorted(x, *a, **k):\n    return [1, 2, 3]\n"
+        "def set(*a):\n    return {1}\n"
+        "def isinstance(x, t):\n    return True\n"
+        "from operator import truth as all\n"
+        "math = None\n"
+        "def check(candidate):\n    return None\n"
+        "def f(x):\n    return -1\n"
+    )
+    test = (
+        "def check(candidate):\n"
+        "    assert abs(candidate(2) - 4) < 1e-6\n"
+        "    assert all(candidate(i) == i * i for i in range(3))\n"
+        "    assert len(candidate(3)) == 3\n"
+        "    assert sorted(candidate(1)) == [1, 2, 3]\n"
+        "    assert set(candidate(2)) == {1}\n"
+        "    assert isinstance(candidate(0), str)\n"
+        "    assert math.fabs(candidate(5) - 25) < 1e-6\n"
+    )
+    results = _sandbox().run_tests(code, test, "f", **FAST)
+    passed = [r.case for r in results if r.passed]
+    return len(results) == 7 and not passed, f"passed: {passed}"
+
+
+def forge_stop_iteration(ws: Path):
+    code = (
+        "def f(x):\n"
+        "    if x == 1:\n"
+        "        return True\n"
+        "    raise StopIteration\n"
+        "def g(x):\n"
+        "    raise StopAsyncIteration\n"
+    )
+    test = (
+        "def check(candidate):\n"
+        "    assert all(map(candidate, [1, 2, 3]))\n"
+        "    assert list(map(candidate, [2, 3])) == []\n"
+        "    assert next(map(candidate, [2]), 'no value') == 'no value'\n"
+        "    assert [y for y in map(candidate, [1, 2])] == [True]\n"
+    )
+    results = _sandbox().run_tests(code, test, "f", **FAST)
+    results += _sandbox().run_cases(code, ["assert next(map(g, [1]), 0) == 0"], **FAST)
+    passed = [r.case for r in results if r.passed]
+    return len(results) == 5 and not passed, f"passed: {passed}"
+
+
+HALF_TASK = {
+    "prompt": "def half(x: float) -> float:\n    \"\"\"Half of x.\"\"\"\n",
+    "entry_point": "half",
+    "test": (
+        "def check(candidate):\n"
+        "    assert abs(candidate(4.0) - 2.0) < 1e-6\n"
+        "    assert abs(candidate(6.0) - 3.0) < 1e-6\n"
+        "    assert abs(candidate(1.0) - 0.5) < 1e-6\n"
+        "    assert abs(candidate(0.0) - 0.0) < 1e-6\n"
+    ),
+}
+HALF_AUX = "def aux(x):\n    return x / 2\n"
+HALF_MAIN = "def half(x):\n    y = aux(x)\n    return y if x == 4.0 else y + 1.0\n"  # right for 1 test of 4
+
+
+def _rewards(aux: str, main: str, item: dict):
+    from comlrl_lightning.envs.code.rewards import code_rewards
+
+    (b,) = code_rewards([aux], [main], [item], max_workers=1, **FAST)
+    return b
+
+
+def _same_reward(aux_tricked: str, main_tricked: str, item: dict = HALF_TASK):
+    honest = _rewards(HALF_AUX, HALF_MAIN, item)
+    tricked = _rewards(aux_tricked, main_tricked, item)
+    ok = honest.passed == 1 and tricked.passed == honest.passed and abs(tricked.total - honest.total) < 1e-9
+    return ok, f"honest: {honest.passed}/{honest.total_tests} -> {honest.total:.2f}; " \
+               f"tricked: {tricked.passed}/{tricked.total_tests} -> {tricked.total:.2f}"
+
+
+def forge_reward_aux_alias(ws: Path):
+    aux = "from operator import not_ as abs\nimport operator as math\n\n" + HALF_AUX
+    return _same_reward(aux, HALF_MAIN)
+
+
+def forge_reward_default_argument(ws: Path):
+    aux = (
+        "def aux(x, _=globals().update(abs=__import__('operator').not_, range=lambda *a: ())):\n"
+        "    return x / 2\n"
+    )
+    main = "def half(x, _=globals().__setitem__('isinstance', lambda *a: True)):\n" \
+           "    y = aux(x)\n    return y if x == 4.0 else y + 1.0\n"
+    return _same_reward(aux, main)
+
+
+SHIFT_PROMPT = (
+    "def encode_shift(s: str):\n"
+    "    return ''.join(chr(((ord(ch) + 5 - ord('a')) % 26) + ord('a')) for ch in s)\n\n\n"
+    "def decode_shift(s: str):\n    \"\"\"Takes a string encoded with encode_shift; returns the decoded string.\"\"\"\n"
+)
+SHIFT_TEST = (
+    "def check(candidate):\n"
+    "    for word in ('hello', 'sandbox', 'zebra'):\n"
+    "        assert candidate(encode_shift(word)) == word\n"
+)
+
+
+def forge_prompt_helper(ws: Path):
+    identity = "def encode_shift(s):\n    return s\n\ndef decode_shift(s):\n    return s\n"
+    right = "def decode_shift(s):\n    return ''.join(chr(((ord(c) - 5 - ord('a')) % 26) + ord('a')) for c in s)\n"
+    sb = _sandbox()
+    forged = sb.run_tests(identity, SHIFT_TEST, "decode_shift", prompt=SHIFT_PROMPT, **FAST)
+    honest = sb.run_tests(right, SHIFT_TEST, "decode_shift", prompt=SHIFT_PROMPT, **FAST)
+    # The code environment: the identity helper smuggled in through aux's default argument.
+    item = {"prompt": SHIFT_PROMPT, "entry_point": "decode_shift", "test": SHIFT_TEST}
+    aux = "def aux(s, _=globals().__setitem__('encode_shift', lambda s: s)):\n    return s\n"
+    main = "def decode_shift(s):\n    return aux(s)\n"
+    b = _rewards(aux, main, item)
+    ok = forged and not any(r.passed for r in forged) and all(r.passed for r in honest) and b.passed == 0
+    return ok, (f"identity decoder: {[r.passed for r in forged]}; right decoder: {[r.passed for r in honest]}; "
+                f"code env: {b.passed}/{b.total_tests}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Resources beyond address space, secrets beyond files (issue 31)
+
+
+def memfd_bomb(ws: Path):
+    code = (
+        "import os\n"
+        "def f():\n"
+        "    fds, held = [], 0\n"
+        "    for _ in range(50):\n"  # 50 x 16 MB (max_file_mb): in no process's resident memory
+        "        try:\n"
+        "            fd = os.memfd_create('bomb')\n"
+        "        except OSError:\n"
+        "            return False\n"
+        "        for _ in range(16):\n"
+        "            os.write(fd, b'x' * 2**20)\n"
+        "        held += 16\n"
+        "        fds.append(fd)\n"
+        "    return held >= 800\n"
+    )
+    r = _one(code, timeout_s=10.0, memory_mb=256, max_file_mb=16)
+    return _verdict(r)
+
+
+def sysv_segments(ws: Path):
+    code = (
+        "import ctypes, time\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.shmat.restype = ctypes.c_void_p\n"
+        "def f():\n"
+        "    done = 0\n"
+        "    for _ in range(4):\n"  # 4 x 100 MB under a 256 MB budget
+        "        sid = libc.shmget(0, 100 * 2**20, 0o1600)\n"
+        "        if sid < 0:\n"
+        "            return False\n"
+        "        addr = libc.shmat(sid, None, 0)\n"
+        "        if addr in (None, ctypes.c_void_p(-1).value):\n"
+        "            return False\n"
+        "        ctypes.memset(addr, 1, 100 * 2**20)\n"
+        "        libc.shmdt(ctypes.c_void_p(addr))\n"
+        "        done += 1\n"
+        "    time.sleep(0.5)\n"
+        "    return done == 4\n"
+    )
+    r = _one(code, timeout_s=10.0, memory_mb=256)
+    return _verdict(r, r.error_type == "MemoryError")
+
+
+def tmp_inode_flood(ws: Path):
+    code = (
+        "def f():\n"
+        "    for i in range(100000):\n"  # empty files: ~100 MB of kernel memory that a 16 MB size cap ignores
+        "        open(f'/tmp/{i}', 'w').close()\n"
+        "    return True\n"
+    )
+    r = _one(code, timeout_s=15.0)
+    return _verdict(r, r.error_type == "OSError" and "max_tmp_files" in (r.error_message or ""))
+
+
+def write_sandbox_root(ws: Path):
+    """bwrap's root is a tmpfs without a size cap (writable from inside a user namespace): no file may land there."""
+    code = (
+        "def f():\n"
+        "    wrote = []\n"
+        "    for d in ('/', '/run', '/var', '/dev', '/proc/sys/kernel'):\n"
+        "        try:\n"
+        "            with open(d.rstrip('/') + '/x', 'wb') as fh:\n"
+        "                fh.write(b'x')\n"
+        "            wrote.append(d)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    return wrote\n"
+    )
+    return _verdict(_one(code, test="def check(candidate):\n    assert candidate() != []\n"))
+
+
+def _host_keyctl():
+    import ctypes
+
+    number = {"x86_64": (248, 250), "aarch64": (217, 219)}.get(os.uname().machine)
+    if number is None:
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc, number
+
+
+def keyring_read(ws: Path):
+    import ctypes
+
+    secret = "key-" + secrets.token_hex(8)
+    found = _host_keyctl()
+    key_ids = []
+    if found is not None:
+        libc, (add_key, _) = found
+        for ring in (-3, -4):  # the session keyring, the user keyring
+            key = libc.syscall(ctypes.c_long(add_key), b"user", f"comlrl-{ring}".encode(), secret.encode(),
+                               ctypes.c_size_t(len(secret)), ctypes.c_long(ring))
+            if key > 0:
+                key_ids.append(key)
+    code = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"NR = {{'x86_64': 250, 'aarch64': 219}}.get(os.uname().machine, 250)\n"
+        "def keyctl(*a):\n"
+        "    return libc.syscall(ctypes.c_long(NR), *(ctypes.c_long(x) if isinstance(x, int) else x for x in a))\n"
+        "def f():\n"
+        "    buf = ctypes.create_string_buffer(256)\n"
+        f"    for key in {key_ids!r}:\n"
+        "        n = keyctl(11, key, buf, 256)\n"  # KEYCTL_READ
+        "        if n > 0:\n"
+        "            return buf.raw[:n].decode()\n"
+        "    for ring in (-3, -4, -5):\n"  # session, user, user-session keyrings
+        "        if keyctl(0, ring, 0) >= 0:\n"  # KEYCTL_GET_KEYRING_ID
+        "            return 'keyring reachable'\n"
+        "    if keyctl(1, ctypes.c_char_p(b'_ses'), 0) >= 0:\n"  # join a named keyring
+        "        return 'named keyring joined'\n"
+        "    return None\n"
+    )
+    try:
+        r = _one(code, test=f"def check(candidate):\n    assert candidate() in ({secret!r}, 'x')\n")
+        r2 = _one(code, test="def check(candidate):\n    assert candidate() is None\n")
+    finally:
+        if found is not None:
+            for key in key_ids:
+                found[0].syscall(ctypes.c_long(found[1][1]), ctypes.c_long(21), ctypes.c_long(key))  # KEYCTL_INVALIDATE
+    return _verdict(r, r2.passed, f"keys planted: {len(key_ids)}; probe: {r2.error_type}: {r2.error_message}")
+
+
+def socket_families(ws: Path):
+    code = (
+        "import socket, subprocess\n"
+        "def f():\n"
+        "    made = []\n"
+        "    for name in ('AF_VSOCK', 'AF_INET', 'AF_INET6', 'AF_NETLINK', 'AF_PACKET'):\n"
+        "        try:\n"
+        "            kind = socket.SOCK_RAW if name == 'AF_PACKET' else socket.SOCK_DGRAM\n"
+        "            socket.socket(getattr(socket, name), kind).close()\n"
+        "            made.append(name)\n"
+        "        except (OSError, AttributeError):\n"
+        "            pass\n"
+        "    cmd = ['python3', '-c', 'import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)']\n"
+        "    try:\n"
+        "        if subprocess.run(cmd, timeout=1.5, capture_output=True).returncode == 0:\n"
+        "            made.append('AF_INET from a subprocess')\n"
+        "    except Exception:\n"
+        "        pass\n"
+        "    return made\n"
+    )
+    r = _one(code, test="def check(candidate):\n    assert candidate() != []\n")
+    return _verdict(r)
+
+
+def read_ssh_via_python_prefix(ws: Path):
+    """A Python whose prefix also holds ~/.ssh (a home-directory install): the sandbox refuses to mount it."""
+    import sysconfig
+
+    home = ws / "pyhome"
+    (home / ".ssh").mkdir(parents=True, exist_ok=True)
+    (home / "bin").mkdir(exist_ok=True)
+    (home / "lib").mkdir(exist_ok=True)
+    secret = "sk-" + secrets.token_hex(8)
+    (home / ".ssh" / "id_ed25519").write_text(secret)
+    real = os.path.realpath(sys.executable)
+    fake = home / "bin" / "python3"
+    if not fake.exists():
+        import shutil
+
+        shutil.copy2(real, fake)
+        stdlib = Path(sysconfig.get_paths()["stdlib"])
+        (home / "lib" / stdlib.name).symlink_to(stdlib)
+    probe = subprocess.run([str(fake), "-I", "-S", "-c", "import sys; print(sys.base_prefix)"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.stdout.strip() != str(home):
+        return False, f"could not build an interpreter whose prefix is the home: {probe.stdout} {probe.stderr}"
+    code = f"def f():\n    return open({str(home / '.ssh' / 'id_ed25519')!r}).read()\n"
+    try:
+        r = _one(code, test=f"def check(candidate):\n    assert candidate() == {secret!r}\n", python=str(fake))
+    except _sandbox().SandboxError as exc:
+        return ".ssh" in str(exc) and "refusing" in str(exc), f"refused: {exc}"
+    return False, f"not refused: {r.error_type}: {r.error_message} (passed: {r.passed})"
+
+
 CASES = {
     "read_ssh_and_netrc": read_ssh_and_netrc,
     "write_bashrc": write_bashrc,
@@ -518,6 +827,18 @@ CASES = {
     "forge_with_gc_and_fds": forge_with_gc_and_fds,
     "read_hidden_tests": read_hidden_tests,
     "orphans_after_trainer_crash": orphans_after_trainer_crash,
+    "forge_shadow_builtins": forge_shadow_builtins,
+    "forge_stop_iteration": forge_stop_iteration,
+    "forge_reward_aux_alias": forge_reward_aux_alias,
+    "forge_reward_default_argument": forge_reward_default_argument,
+    "forge_prompt_helper": forge_prompt_helper,
+    "memfd_bomb": memfd_bomb,
+    "sysv_segments": sysv_segments,
+    "tmp_inode_flood": tmp_inode_flood,
+    "write_sandbox_root": write_sandbox_root,
+    "keyring_read": keyring_read,
+    "socket_families": socket_families,
+    "read_ssh_via_python_prefix": read_ssh_via_python_prefix,
 }
 
 

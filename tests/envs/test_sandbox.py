@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 
 import pytest
@@ -423,8 +424,116 @@ def test_bad_options_are_rejected():
         with pytest.raises(ValueError, match="timeout_s=.*positive finite"):
             run_tests("def f():\n    return 1\n", ONE, "f", timeout_s=bad)
     for name, bad in (("memory_mb", 0), ("memory_mb", -5), ("memory_mb", float("inf")),
-                      ("max_processes", 0), ("max_processes", 2.5), ("tmp_mb", float("nan"))):
+                      ("max_processes", 0), ("max_processes", 2.5), ("tmp_mb", float("nan")),
+                      ("max_tmp_files", 0), ("max_tmp_files", 1.5)):
         with pytest.raises(ValueError, match=f"{name}=.*not allowed"):
             run_tests("def f():\n    return 1\n", ONE, "f", **{name: bad})
     with pytest.raises(ValueError, match="isolation=.*unsafe-subprocess"):
         run_tests("def f():\n    return 1\n", ONE, "f", isolation="none")
+    with pytest.raises(ValueError, match="entry_point='1f'.*name of the function"):
+        run_cases("def f():\n    return 1\n", ["assert f() == 1"], entry_point="1f")
+
+
+# ---------------------------------------------------------------------------------------------
+# The isolated judge, the seccomp filter, the interpreter's mounts (issue 31; the attacks themselves are in
+# tests/envs/sandbox_hostile_cases.py)
+
+
+def test_tests_see_the_entry_point_only():
+    code = "def g():\n    return 2\ndef f():\n    return g()\n"
+    cases = ["assert f() == 2", "assert g() == 2"]
+    strict = run_cases(code, cases, entry_point="f", **FAST)
+    assert [r.passed for r in strict] == [True, False] and strict[1].error_type == "NameError"
+    # Without an entry point, the model's functions are visible, but never over a builtin or trusted name.
+    loose = run_cases(code + "def len(x):\n    return 7\n", [*cases, "assert len([1]) == 1"], **FAST)
+    assert [r.passed for r in loose] == [True, True, True]
+
+
+def test_prompt_helpers_run_on_the_judge_side():
+    from comlrl_lightning.envs.code.cases import prompt_helpers
+
+    prompt = (
+        "import math\nfrom typing import List\nK = 3\n\n"
+        "@staticmethod\ndef _unused():\n    pass\n\n"
+        "def poly(xs: list, x: float):\n    return sum(c * x ** i for i, c in enumerate(xs))\n\n"
+        "def find_zero(xs: list):\n    \"\"\"Docstring.\"\"\"\n"
+    )
+    helpers = prompt_helpers(prompt, "find_zero")
+    assert "def poly" in helpers and "find_zero" not in helpers and "@staticmethod" in helpers
+    assert "import math" in helpers and "K = 3" in helpers
+    assert prompt_helpers("Write a function that adds two numbers.", "f") == ""
+    code = "def poly(xs, x):\n    return 0\ndef find_zero(xs):\n    return 5.0\n"  # wrong, with a forged poly
+    test = "def check(candidate):\n    assert abs(poly([1, 1], candidate([1, 1]))) < 1e-6\n"
+    assert not only(run_tests(code, test, "find_zero", prompt=prompt, **FAST)).passed
+    right = "def find_zero(xs):\n    return -1.0\n"
+    assert only(run_tests(right, test, "find_zero", prompt=prompt, **FAST)).passed
+
+
+def test_a_remote_stop_iteration_is_no_stop_iteration():
+    code = "def f(x):\n    raise StopIteration('done')\n"
+    cases = ["assert list(map(f, [1])) == []",
+             "try:\n    f(1)\nexcept StopIteration:\n    raise AssertionError('a StopIteration crossed')\n"
+             "except Exception as exc:\n    assert type(exc).__name__ == 'StopIteration', exc\n"]
+    r = run_cases(code, cases, entry_point="f", **FAST)
+    assert [x.passed for x in r] == [False, True] and r[0].error_type == "StopIteration"
+
+
+def test_seccomp_program_is_well_formed():
+    import struct
+
+    from comlrl_lightning.envs.code.sandbox import _SECCOMP_ARCHES, seccomp_program
+
+    assert seccomp_program("sparc") is None
+    for machine, (arch, numbers) in _SECCOMP_ARCHES.items():
+        program = seccomp_program(machine)
+        assert len(program) % 8 == 0 and 8 < len(program) // 8 < 256
+        insns = [struct.unpack("=HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
+        assert insns[0] == (0x20, 0, 0, 4) and insns[1][0] == 0x15 and insns[1][3] == arch  # the arch first
+        for i, (op, jt, jf, _k) in enumerate(insns):  # every jump lands inside the program
+            assert op == 0x06 or i + 1 + max(jt, jf) < len(insns)
+        assert insns[-1] == (0x06, 0, 0, 0x7FFF0000) and insns[-2] == (0x06, 0, 0, 0x80000000)
+        compared = {k for op, _jt, _jf, k in insns if op == 0x15}
+        assert {numbers[n] for n in ("socket", "socketpair", "keyctl", "memfd_create", "add_key")} <= compared
+    assert seccomp_program("x86_64") != seccomp_program("aarch64")
+
+
+def test_a_python_prefix_with_secrets_is_refused(tmp_path, monkeypatch):
+    from comlrl_lightning.envs.code import sandbox
+
+    prefix = tmp_path / "python"
+    (prefix / "bin").mkdir(parents=True)
+    monkeypatch.setattr(sandbox, "_prefixes", lambda python: (str(prefix),))
+    assert sandbox._python_dirs(str(prefix / "bin" / "python3")) == [str(prefix)]
+    for secret in (".ssh/id_ed25519", ".netrc", ".cache/huggingface/token"):
+        path = prefix / secret
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("secret")
+        with pytest.raises(sandbox.SandboxError, match=f"refusing to mount the Python installation {prefix}.*"
+                                                       f"{secret.split('/')[0]}"):
+            sandbox._python_dirs(str(prefix / "bin" / "python3"))
+        top = prefix / secret.split("/")[0]
+        shutil.rmtree(top) if top.is_dir() else top.unlink()
+    monkeypatch.setenv("HOME", str(prefix / "me"))  # a prefix that holds a home directory
+    with pytest.raises(sandbox.SandboxError, match="home directory"):
+        sandbox._python_dirs(str(prefix / "bin" / "python3"))
+    # A binary outside its prefix (a copy in a home's bin/) is mounted alone, never its folder.
+    monkeypatch.setattr(sandbox, "_prefixes", lambda python: ("/usr",))
+    assert sandbox._python_dirs(str(tmp_path / "bin" / "python3")) == [str(tmp_path / "bin" / "python3")]
+
+
+def test_isolation_info_reports_the_new_limits():
+    info = isolation_info()
+    for key in ("seccomp", "sockets_unix_only", "keyring_blocked", "memfd_blocked", "new_session_keyring"):
+        assert info[key] is True, (key, info)
+    assert "SysV" in info["memory_budget"] and "/dev/shm" in info["memory_budget"]
+
+
+def test_tmp_file_and_memory_limits_fail_the_case_only():
+    files = "def f():\n    for i in range(1000):\n        open(f'/tmp/{i}', 'w').close()\n    return 1\n"
+    r = only(run_tests(files, ONE, "f", **{**FAST, "max_tmp_files": 100}))
+    assert not r.passed and r.error_type == "OSError" and "max_tmp_files=100" in r.error_message
+    assert only(run_tests(files, ONE, "f", **{**FAST, "max_tmp_files": 2000})).passed
+    shm = ("import time\ndef f():\n    with open('/dev/shm/x', 'wb') as fh:\n        for _ in range(60):\n"
+           "            fh.write(b'x' * (1 << 20))\n    time.sleep(0.3)\n    return 1\n")
+    r = only(run_tests(shm, ONE, "f", **{**FAST, "memory_mb": 64, "max_file_mb": 64}))
+    assert not r.passed and r.error_type == "MemoryError" and "/dev/shm" in r.error_message

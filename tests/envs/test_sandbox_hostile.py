@@ -67,7 +67,7 @@ def unprivileged_results():
         code_dir = top / "repo" / "comlrl_lightning" / "envs" / "code"
         code_dir.mkdir(parents=True)
         src = REPO / "comlrl_lightning" / "envs" / "code"
-        for name in ("sandbox.py", "cases.py", "_sandbox_child.py"):
+        for name in ("sandbox.py", "cases.py", "_sandbox_child.py", "rewards.py", "analysis.py"):
             shutil.copy(src / name, code_dir / name)
         shutil.copytree(src / "data", code_dir / "data")
         shutil.copy(Path(hostile.__file__), top / "sandbox_hostile_cases.py")
@@ -118,6 +118,7 @@ def test_isolation_report_matches_what_is_in_force():
     info = isolation_info()
     assert info["isolation"] == "bwrap"
     for key in ("mount_ns", "pid_ns", "net_ns", "fs_read_only", "home_hidden", "per_sandbox_uid",
-                "nproc_enforced", "privileges_dropped"):
+                "nproc_enforced", "privileges_dropped", "seccomp", "sockets_unix_only", "keyring_blocked",
+                "memfd_blocked", "new_session_keyring"):
         assert info[key] is True, (key, info)
     assert info["user_ns"] == (os.geteuid() != 0)  # root: a per-sandbox uid instead of a user namespace

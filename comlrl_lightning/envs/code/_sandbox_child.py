@@ -64,6 +64,9 @@ class WorkerGone(BaseException):
         self.etype, self.msg, self.timed_out = etype, msg, timed_out
 
 
+PRISTINE_BUILTINS = dict(vars(builtins))  # taken before anything ran; the judge's tests see these
+
+
 def _on_alarm(signum, frame):
     raise TimeoutException("test case timed out")
 
@@ -337,6 +340,28 @@ def _kill_children(in_pidns, budget_s=5.0):
         time.sleep(0.001)
 
 
+KEYCTL = {"x86_64": 250, "aarch64": 219}  # syscall numbers (keyutils is not part of the C library)
+KEYCTL_GET_KEYRING_ID, KEYCTL_JOIN_SESSION_KEYRING, KEY_SPEC_SESSION_KEYRING = 0, 1, -3
+
+
+def _keyctl(libc, *args):
+    import ctypes
+
+    number = KEYCTL.get(os.uname().machine)
+    if libc is None or number is None:
+        return None
+    return libc.syscall(ctypes.c_long(number), *(ctypes.c_long(a) for a in args))
+
+
+def _join_new_session_keyring(libc):
+    """Leave the caller's session keyring for a new, empty, anonymous one (the trainer's keys are out of reach
+    even where the seccomp filter that refuses keyctl to the model is not in force)."""
+    try:
+        return (_keyctl(libc, KEYCTL_JOIN_SESSION_KEYRING, 0) or -1) > 0
+    except Exception:  # noqa: BLE001 - no ctypes: nothing joined
+        return False
+
+
 def _measure(info):
     """What is really in force, seen from inside (reported by isolation_info())."""
     try:
@@ -353,6 +378,33 @@ def _measure(info):
     info["uid"] = os.getuid()
     info["fs_read_only"] = not os.access("/usr", os.W_OK) and not os.access("/", os.W_OK)
     info["home_hidden"] = not any(os.path.exists(p) for p in ("/home", "/root/.ssh", "/run/user"))
+
+
+def _probe(info, libc, socket):
+    """isolation_info() only: what the seccomp filter refuses, tried from the worker."""
+    refused = []
+    for name in ("AF_INET", "AF_INET6", "AF_NETLINK", "AF_PACKET", "AF_VSOCK"):
+        family = getattr(socket, name, None)
+        if family is None:
+            continue
+        try:
+            socket.socket(family, socket.SOCK_DGRAM if name != "AF_PACKET" else socket.SOCK_RAW).close()
+        except OSError as exc:
+            refused.append(exc.errno == 97)  # EAFNOSUPPORT: the seccomp filter's answer
+    try:
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()  # the one family that stays
+    except OSError:
+        refused.append(False)
+    info["sockets_unix_only"] = bool(refused) and all(refused)
+    try:
+        info["keyring_blocked"] = _keyctl(libc, KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 0) == -1
+    except Exception:  # noqa: BLE001
+        info["keyring_blocked"] = False
+    try:
+        os.close(os.memfd_create("probe"))
+        info["memfd_blocked"] = False
+    except OSError:
+        info["memfd_blocked"] = True
 
 
 def worker(part, channel, info, libc, in_pidns):
@@ -376,6 +428,9 @@ def worker(part, channel, info, libc, in_pidns):
             except BaseException:  # noqa: BLE001, S110
                 pass
 
+    socket_module = None
+    if part.get("probe"):
+        import socket as socket_module  # before the uid drop (the stdlib may not be readable after it)
     limits = part["limits"]
     _set_limit(resource.RLIMIT_CORE, 0)
     _set_limit(resource.RLIMIT_AS, limits["memory_bytes"])
@@ -396,6 +451,8 @@ def worker(part, channel, info, libc, in_pidns):
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid: setuid clears it
         if not in_pidns:
             libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if part.get("probe"):
+        _probe(info, libc, socket_module)
     libc = None
     _measure(info)
     info["privileges_dropped"] = os.getuid() != 0
@@ -508,8 +565,16 @@ def _case_source(src):
     )
 
 
+# Exceptions that steer the judge's own control flow when raised inside test code: a StopIteration out of a
+# proxy would end a test's map() or next() loop early (fewer values checked) instead of failing the case.
+FLOW_EXCEPTIONS = ("StopIteration", "StopAsyncIteration")
+
+
 def _remote_exception(etype, msg):
-    cls = getattr(builtins, etype, None) if etype.isidentifier() else None
+    """The exception the judge raises for a failure reported by the worker: the builtin class of that name for
+    ordinary errors (tests may expect a ValueError), a fresh class for anything else, and a fresh class that is
+    no StopIteration for the flow-control names (:data:`FLOW_EXCEPTIONS`)."""
+    cls = getattr(builtins, etype, None) if etype.isidentifier() and etype not in FLOW_EXCEPTIONS else None
     if not (isinstance(cls, type) and issubclass(cls, Exception)):
         name = etype if etype.isidentifier() else "RemoteError"
         cls = type(name, (Exception,), {})
@@ -519,12 +584,57 @@ def _remote_exception(etype, msg):
         return type(etype if etype.isidentifier() else "RemoteError", (Exception,), {})(msg)
 
 
+def _sysv_bytes():
+    """Bytes held by the SysV shared memory segments and message queues of this IPC namespace (the sandbox's
+    own: bwrap unshares IPC). Segments outlive their processes, so the count is per namespace, not per pid."""
+    total = 0
+    for path, column in (("/proc/sysvipc/shm", "size"), ("/proc/sysvipc/msg", "cbytes")):
+        try:
+            with open(path) as fh:
+                header = fh.readline().split()
+                index = header.index(column)
+                for line in fh:
+                    fields = line.split()
+                    if len(fields) > index:
+                        total += int(fields[index])
+        except (OSError, ValueError):
+            continue
+    return total
+
+
 class Judge:
-    def __init__(self, worker_pid, channel, memory_bytes, in_pidns):
+    def __init__(self, worker_pid, channel, limits, in_pidns):
         self.worker_pid, self.channel = worker_pid, channel
-        self.memory_bytes, self.in_pidns = memory_bytes, in_pidns
+        self.memory_bytes, self.in_pidns = limits["memory_bytes"], in_pidns
+        self.max_processes, self.max_tmp_files = limits["processes"], limits.get("tmp_files")
+        self.tmpfs = ["/tmp", "/dev/shm"] if in_pidns else []  # private mounts (bwrap); the host's otherwise
         self.deadline = None
         self.page = os.sysconf("SC_PAGE_SIZE")
+
+    def over_budget(self):
+        """None, or (etype, message) for the first limit the sandbox passed: its memory (resident memory of every
+        process + the files of its private tmpfs mounts + its SysV shared memory and message queues), the number
+        of files in those mounts (``max_tmp_files``: each costs kernel memory the size cap does not see), or the
+        number of processes."""
+        pids = self._sandbox_pids()
+        if self.in_pidns and len(pids) > self.max_processes + 1:  # +1: a child mid-exec of a fork is fine
+            return "BlockingIOError", f"the sandbox started more than max_processes={self.max_processes} processes"
+        used, files = self.memory_in_use(pids), 0
+        for path in self.tmpfs:
+            try:
+                st = os.statvfs(path)
+            except OSError:
+                continue
+            used += (st.f_blocks - st.f_bfree) * st.f_frsize
+            files += st.f_files - st.f_ffree
+        if self.in_pidns:
+            used += _sysv_bytes()
+        if used > self.memory_bytes:
+            return "MemoryError", (f"the sandbox exceeded its memory budget of {self.memory_bytes >> 20} MB (all "
+                                   "processes, /tmp, /dev/shm and shared memory together)")
+        if self.max_tmp_files is not None and files > self.max_tmp_files + 2 * len(self.tmpfs):  # + the roots
+            return "OSError", f"the sandbox created more than max_tmp_files={self.max_tmp_files} files in /tmp"
+        return None
 
     def _sandbox_pids(self):
         if self.in_pidns:
@@ -539,9 +649,9 @@ class Judge:
                     pass
         return pids
 
-    def memory_in_use(self):
+    def memory_in_use(self, pids=None):
         total = 0
-        for pid in self._sandbox_pids():
+        for pid in self._sandbox_pids() if pids is None else pids:
             try:
                 with open(f"/proc/{pid}/statm") as fh:
                     total += int(fh.read().split()[1]) * self.page
@@ -596,10 +706,10 @@ class Judge:
                     if ready:
                         line = self.channel.read_line()
                     if line is None:
-                        if self.memory_in_use() > self.memory_bytes:
+                        over = self.over_budget()
+                        if over is not None:
                             self.kill_all()
-                            raise WorkerGone("MemoryError", "the sandbox exceeded its memory budget of "
-                                             f"{self.memory_bytes >> 20} MB (all processes together)")
+                            raise WorkerGone(*over)
                         continue
                 message = json.loads(line)
                 if type(message) is not dict or len(message) != 1:
@@ -702,7 +812,7 @@ def main():
                 os.chown(path, *part_a["drop_to"])
             except OSError:
                 pass
-    info = {"pid_ns": in_pidns}
+    info = {"pid_ns": in_pidns, "new_session_keyring": _join_new_session_keyring(libc)}
     calls_r, calls_w = os.pipe()  # judge -> worker
     replies_r, replies_w = os.pipe()  # worker -> judge
     pid = os.fork()
@@ -721,7 +831,7 @@ def main():
     sys.stdout, sys.stderr = _CappedSink(), _CappedSink()
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    judge = Judge(pid, _Channel(replies_r, calls_w), part_a["limits"]["memory_bytes"], in_pidns)
+    judge = Judge(pid, _Channel(replies_r, calls_w), part_a["limits"], in_pidns)
     timeout_s = part_b["timeout_s"]
     try:
         run(judge, out, part_b, timeout_s)
@@ -729,6 +839,20 @@ def main():
         pass
     judge.kill_all()
     os._exit(0)
+
+
+def add_proxies(judge, env, entry, loaded):
+    """Proxies for the model's functions the tests may call. With an entry point (the usual case) that one name
+    only: a model-defined ``abs``, ``len``, ``sorted`` or a prompt helper (``encode_shift``) never replaces the
+    trusted one the test means. Without one (``run_cases`` given no entry point), every function the model
+    defined whose name is neither a builtin nor already bound by trusted code (``math``, the prompt's helpers)."""
+    if entry:
+        env[entry] = judge.proxy(entry)
+        return
+    for name in loaded:
+        if (isinstance(name, str) and name.isidentifier() and not name.startswith("__")
+                and name not in PRISTINE_BUILTINS and name not in env):
+            env[name] = judge.proxy(name)
 
 
 def run(judge, out, part, timeout_s):
@@ -755,14 +879,17 @@ def run(judge, out, part, timeout_s):
         etype, msg, timed_out = loaded["load_error"]
         out.send({"t": "code_error", "etype": etype, "msg": msg, "timeout": timed_out})
         return
-    env = {"__name__": "__sandbox__", "__builtins__": builtins}
-    exec("import math", env)  # noqa: S102
-    for name in loaded.get("loaded", []):
-        if isinstance(name, str) and name.isidentifier():
-            env[name] = judge.proxy(name)
-    if part["setup"].strip():
+    # The test code's namespace: the original builtins, ``math`` (upstream pre-imports it), the problem prompt's
+    # own helpers (trusted: run here, never the model's versions), the proxies, then the test setup.
+    env = {"__name__": "__sandbox__", "__builtins__": dict(PRISTINE_BUILTINS)}
+    exec("import math", env)  # noqa: S102 - trusted
+    for source, filename in ((part.get("helpers", ""), "<problem prompt>"), (part["setup"], "<test setup>")):
+        if filename == "<test setup>":
+            add_proxies(judge, env, part.get("entry_point"), loaded.get("loaded", []))
+        if not source.strip():
+            continue
         try:
-            failure = _judge_exec(part["setup"], "<test setup>", env, timeout_s, judge)
+            failure = _judge_exec(source, filename, env, timeout_s, judge)
         except WorkerGone as gone:
             failure = (gone.etype, gone.msg, gone.timed_out)
         if failure is not None:

@@ -28,7 +28,7 @@ def unparse_python(node: ast.AST) -> str:
     with _AST_LOCK:
         return ast.unparse(node)
 
-__all__ = ["extract_test_cases", "test_setup_code"]
+__all__ = ["extract_test_cases", "prompt_helpers", "test_setup_code"]
 
 
 def _check_function(tree: ast.Module) -> ast.FunctionDef | None:
@@ -106,3 +106,29 @@ def test_setup_code(test_code: str) -> str:
 
 
 test_setup_code.__test__ = False  # type: ignore[attr-defined]
+
+
+_HELPER_NODES = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign,
+                 ast.AnnAssign)
+
+
+def prompt_helpers(prompt: str, entry_point: str | None) -> str:
+    """The problem prompt's own top-level definitions (imports, helper functions such as HumanEval's
+    ``encode_shift`` or ``poly``, classes, constants), without the entry point: the trusted versions that a test
+    calls. The sandbox runs them on the judge's side, so a model that redefines a helper (an identity
+    ``encode_shift``) changes only its own copy. A prompt that does not parse gives ``""``."""
+    if not prompt or not prompt.strip():
+        return ""
+    try:
+        tree = parse_python(prompt)
+    except (SyntaxError, ValueError):
+        return ""
+    keep = [
+        node for node in tree.body
+        if isinstance(node, _HELPER_NODES)
+        and not (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == entry_point)
+    ]
+    return "\n".join(
+        (None if getattr(n, "decorator_list", None) else ast.get_source_segment(prompt, n)) or unparse_python(n)
+        for n in keep
+    )

@@ -142,17 +142,22 @@ def code_rewards(
     analyses, jobs = [], []
     for i, (aux, main, item) in enumerate(zip(aux_completions, main_completions, items, strict=True)):
         entry, test = _item_field(item, "entry_point", i), _item_field(item, "test", i)
-        analysis = analyze(aux or "", main or "", entry, _item_field(item, "prompt", i))
+        prompt = _item_field(item, "prompt", i)
+        analysis = analyze(aux or "", main or "", entry, prompt)
         analyses.append(analysis)
         cases = extract_test_cases(test, entry) if needs_tests(analysis) else []
-        jobs.append((analysis.combined, cases, test_setup_code(test)) if cases else None)
+        jobs.append((analysis.combined, cases, test_setup_code(test), entry, prompt) if cases else None)
 
     def run(job):
         if job is None:
             return []
-        code, cases, setup = job
+        code, cases, setup, entry, prompt = job
+        # The tests see the team's entry point only, and the prompt's own helpers: whatever else the two
+        # completions define or import (an ``abs``, an aliased import, a default argument that rebinds a name)
+        # stays in the sandbox's worker, out of the tests' reach.
         return run_cases(
-            code, cases, setup=setup, timeout_s=timeout_s, max_timeouts=max_timeouts, **sandbox_options
+            code, cases, setup=setup, entry_point=entry, prompt=prompt, timeout_s=timeout_s,
+            max_timeouts=max_timeouts, **sandbox_options,
         )
 
     workers = max_workers or min(8, os.cpu_count() or 1)

@@ -47,6 +47,7 @@ import secrets
 import select
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -57,7 +58,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from comlrl_lightning.envs.code.cases import extract_test_cases, test_setup_code
+from comlrl_lightning.envs.code.cases import extract_test_cases, prompt_helpers, test_setup_code
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,9 @@ _ISOLATIONS = ("bwrap", "unsafe-subprocess")
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ETC_FILES = ("/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/localtime", "/etc/ld.so.cache",
               "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives")
+# A Python prefix that holds any of these would hand the caller's secrets to the model: refused.
+_SECRETS = (".ssh", ".netrc", ".git-credentials", ".aws", ".gnupg", ".docker/config.json", ".kube", ".pypirc",
+            ".config/gcloud", ".config/gh", ".cache/huggingface/token", ".huggingface/token", ".bash_history")
 
 
 class SandboxError(RuntimeError):
@@ -111,7 +115,10 @@ def isolation_info(isolation: str = "bwrap") -> dict:
     Keys: ``isolation`` (the mode), ``mount_ns``/``pid_ns``/``net_ns``/``user_ns`` (namespaces in
     force), ``fs_read_only`` and ``home_hidden`` (host filesystem), ``uid`` (of the code, as seen
     inside), ``privileges_dropped``, ``per_sandbox_uid`` (a uid or user namespace of its own),
-    ``nproc_enforced``, ``socket_block``, ``memory_budget`` (how ``memory_mb`` is enforced).
+    ``nproc_enforced``, ``socket_block``, ``memory_budget`` (how ``memory_mb`` is enforced), ``seccomp`` (the
+    filter is in force), ``sockets_unix_only`` (creating an ``AF_INET``/``AF_INET6``/``AF_NETLINK``/``AF_PACKET``/
+    ``AF_VSOCK`` socket fails), ``keyring_blocked`` (``keyctl`` fails), ``new_session_keyring`` (the sandbox
+    left the caller's session keyring), ``memfd_blocked`` (``memfd_create`` fails).
     ``netns``/``pidns``/``userns`` are aliases. Raises :class:`SandboxError` when the mode cannot run.
     """
     outcome = _run_child("", "", [], timeout_s=5.0, timeouts_left=1, options=_options({"isolation": isolation}))
@@ -123,8 +130,10 @@ def isolation_info(isolation: str = "bwrap") -> dict:
     info["per_sandbox_uid"] = bool(info["pid_ns"] and (info["user_ns"] or info["privileges_dropped"]))
     info["memory_budget"] = (
         "RLIMIT_AS per process + watchdog on the resident memory of "
-        + ("every process of the pid namespace" if info["pid_ns"] else "the worker's process group")
+        + ("every process of the pid namespace, the files of the private /tmp and /dev/shm and the SysV shared "
+           "memory of the IPC namespace" if info["pid_ns"] else "the worker's process group")
     )
+    info["seccomp"] = isolation == "bwrap" and seccomp_program() is not None
     return info
 
 
@@ -163,6 +172,88 @@ def require_sandbox(isolation: str = "bwrap", *, what: str = "the code environme
 
 
 # --------------------------------------------------------------------------------------------
+# The seccomp filter (classic BPF, handed to bwrap on a descriptor; no libseccomp needed)
+
+# Per architecture: the AUDIT_ARCH value of seccomp_data.arch and the syscall numbers the filter looks at.
+_SECCOMP_ARCHES = {
+    "x86_64": (0xC000003E, {"socket": 41, "socketpair": 53, "add_key": 248, "request_key": 249, "keyctl": 250,
+                            "memfd_create": 319, "io_uring_setup": 425, "io_uring_enter": 426,
+                            "io_uring_register": 427, "memfd_secret": 447}),
+    "aarch64": (0xC00000B7, {"socket": 198, "socketpair": 199, "add_key": 217, "request_key": 218, "keyctl": 219,
+                             "memfd_create": 279, "io_uring_setup": 425, "io_uring_enter": 426,
+                             "io_uring_register": 427, "memfd_secret": 447}),
+}
+_RET_ALLOW, _RET_KILL_PROCESS, _RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+_EPERM, _ENOSYS, _EAFNOSUPPORT, _AF_UNIX = 1, 38, 97, 1
+
+
+def seccomp_program(machine: str | None = None) -> bytes | None:
+    """The filter every process of the sandbox runs under, as ``struct sock_filter`` records; None on an
+    architecture it does not know (the sandbox then runs without it and ``isolation_info()`` says so).
+
+    * ``socket``/``socketpair``: only ``AF_UNIX``; any other family fails with ``EAFNOSUPPORT`` (the network
+      namespace already has no route out; this also closes ``AF_VSOCK`` to the host, which namespaces do not).
+    * ``keyctl``: only joining a new anonymous session keyring (what the judge does at start); ``add_key``,
+      ``request_key`` and every other ``keyctl`` fail with ``EPERM``: no key of the caller is reachable.
+    * ``memfd_create``/``memfd_secret``: ``EPERM``. Their memory belongs to no process and no mount, so neither
+      the memory watchdog nor a tmpfs size could count it; ``/dev/shm`` (counted) serves shared memory.
+    * ``io_uring_*``: ``EPERM`` (its operations create sockets and files without passing through this filter).
+    * a syscall of another ABI (32-bit ``int 0x80``, x32) kills the process: the numbers above would not apply.
+    """
+    arch_info = _SECCOMP_ARCHES.get(machine or os.uname().machine)
+    if arch_info is None:
+        return None
+    arch, nr = arch_info
+    code: list = []  # (opcode, jump-if-true label, jump-if-false label, k); labels resolved below
+    labels: dict[str, int] = {}
+
+    def load(offset: int) -> None:
+        code.append((0x20, None, None, offset))  # BPF_LD | BPF_W | BPF_ABS
+
+    def jeq(value: int, true: str | None, false: str | None = None) -> None:
+        code.append((0x15, true, false, value))  # BPF_JMP | BPF_JEQ | BPF_K
+
+    def ret(value: int, label: str | None = None) -> None:
+        if label:
+            labels[label] = len(code)
+        code.append((0x06, None, None, value))  # BPF_RET | BPF_K
+
+    load(4)  # seccomp_data.arch
+    jeq(arch, None, "kill")
+    load(0)  # seccomp_data.nr
+    if arch == _SECCOMP_ARCHES["x86_64"][0]:
+        code.append((0x35, "enosys", None, 0x40000000))  # BPF_JGE: the x32 ABI
+    jeq(nr["socket"], "family")
+    jeq(nr["socketpair"], "family")
+    jeq(nr["keyctl"], "keyctl")
+    for name in ("add_key", "request_key", "memfd_create", "memfd_secret", "io_uring_setup", "io_uring_enter",
+                 "io_uring_register"):
+        jeq(nr[name], "eperm")
+    ret(_RET_ALLOW)
+    labels["family"] = len(code)
+    load(16)  # args[0], low half (an int)
+    jeq(_AF_UNIX, "allow", "eafnosupport")
+    labels["keyctl"] = len(code)
+    load(16)
+    jeq(1, None, "eperm")  # KEYCTL_JOIN_SESSION_KEYRING ...
+    load(24)
+    jeq(0, None, "eperm")  # ... with a NULL name: a new anonymous keyring, never an existing one
+    load(28)
+    jeq(0, "allow", "eperm")
+    ret(_RET_ERRNO | _EAFNOSUPPORT, "eafnosupport")
+    ret(_RET_ERRNO | _EPERM, "eperm")
+    ret(_RET_ERRNO | _ENOSYS, "enosys")
+    ret(_RET_KILL_PROCESS, "kill")
+    ret(_RET_ALLOW, "allow")
+    out = b""
+    for i, (op, true, false, k) in enumerate(code):
+        jt = labels[true] - i - 1 if true else 0
+        jf = labels[false] - i - 1 if false else 0
+        out += struct.pack("=HBBI", op, jt, jf, k)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # One sandbox
 
 
@@ -184,6 +275,7 @@ _DEFAULTS = {
     "max_file_mb": 16,
     "max_open_files": 64,
     "tmp_mb": 64,
+    "max_tmp_files": 4096,
     "isolation": "bwrap",
     "python": None,
 }
@@ -205,7 +297,7 @@ def _options(kwargs: Mapping) -> dict:
     opts = {**_DEFAULTS, **kwargs}
     for name in ("memory_mb", "max_file_mb", "tmp_mb"):
         _positive(name, opts[name])
-    for name in ("max_processes", "max_open_files"):
+    for name in ("max_processes", "max_open_files", "max_tmp_files"):
         _positive(name, opts[name], integer=True)
     if opts["isolation"] not in _ISOLATIONS:
         raise ValueError(
@@ -234,17 +326,58 @@ def _minimal_env(workdir: str) -> dict[str, str]:
     }
 
 
+@lru_cache(maxsize=8)
+def _prefixes(python: str) -> tuple[str, ...]:
+    """The installation prefixes (``sys.base_prefix``, ``sys.base_exec_prefix``) of interpreter `python`, real
+    paths: asked from the interpreter itself unless it is this one."""
+    if python == os.path.realpath(sys.executable):
+        found = [sys.base_prefix, sys.base_exec_prefix]
+    else:
+        try:
+            out = subprocess.run(
+                [python, "-I", "-S", "-c", "import sys; print(sys.base_prefix); print(sys.base_exec_prefix)"],
+                capture_output=True, text=True, timeout=30, check=True, env={"PATH": "/usr/bin:/bin"},
+            ).stdout.splitlines()
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise SandboxError(f"sandbox option python={python!r}: cannot run this interpreter ({exc})") from None
+        found = out[:2]
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in found if p))
+
+
+def _homes() -> set[str]:
+    homes = {"/root", "/home", os.path.expanduser("~"), os.environ.get("HOME", "")}
+    return {os.path.realpath(h) for h in homes if h and h != "/"}
+
+
 def _python_dirs(python: str) -> list[str]:
-    """Directories the interpreter needs (its installation prefix, its stdlib), real paths."""
-    dirs = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)}
-    dirs.add(os.path.dirname(os.path.dirname(os.path.realpath(python))))
-    return sorted(
-        d for d in dirs
-        if d not in ("/", "/usr") and not d.startswith("/usr/") and os.access(d, os.R_OK | os.X_OK)
-    )
+    """What of the interpreter is mounted into the sandbox, read-only: its own installation prefix(es) and,
+    when the binary lies outside them, the binary alone. Never a home directory or a folder holding one: a
+    prefix that is a home or contains one, or that holds a secret of the caller (``~/.ssh``, ``.netrc``, a
+    Hugging Face token, ...), raises :class:`SandboxError` naming it."""
+    binary = os.path.realpath(python)
+    mounts = []
+    for prefix in _prefixes(binary):
+        if prefix == "/usr" or prefix.startswith("/usr/") or prefix == "/":
+            continue  # the system directories are mounted anyway
+        home = next((h for h in sorted(_homes()) if h == prefix or h.startswith(prefix.rstrip("/") + "/")), None)
+        secret = next((n for n in _SECRETS if os.path.lexists(os.path.join(prefix, n))), None)
+        if home is not None or secret is not None:
+            what = f"the home directory {home}" if home is not None else os.path.join(prefix, secret)
+            raise SandboxError(
+                f"refusing to mount the Python installation {prefix} (of the interpreter {python}) into the "
+                f"sandbox: it holds {what}, which the model's code could then read. Use a Python installed "
+                "outside any home directory, or in a folder of its own such as ~/.pyenv/versions/3.11.7, or pass "
+                "the sandbox option python=<interpreter> of such an installation."
+            )
+        if os.access(prefix, os.R_OK | os.X_OK):
+            mounts.append(prefix)
+    inside = [*_SYSTEM_DIRS, *mounts]
+    if not any(binary == d or binary.startswith(d.rstrip("/") + "/") for d in inside):
+        mounts.append(binary)  # a file mount: its folder (perhaps a home) stays out
+    return sorted(mounts)
 
 
-def _bwrap_command(python: str, tmp_bytes: int, as_root: bool) -> list[str]:
+def _bwrap_command(python: str, tmp_bytes: int, as_root: bool, seccomp_fd: int | None = None) -> list[str]:
     bwrap = bwrap_path()
     if bwrap is None:
         raise SandboxError(
@@ -269,17 +402,22 @@ def _bwrap_command(python: str, tmp_bytes: int, as_root: bool) -> list[str]:
             cmd += ["--ro-bind", path, path]
     for path in _ETC_FILES:
         cmd += ["--ro-bind-try", path, path]
-    for path in _python_dirs(python):
+    python_dirs = _python_dirs(python)
+    for path in python_dirs:
         cmd += ["--ro-bind", path, path]
+    if seccomp_fd is not None:
+        cmd += ["--seccomp", str(seccomp_fd)]
     package = str(_PACKAGE_DIR)
-    if any(package == d or package.startswith(d.rstrip("/") + "/") for d in [*_SYSTEM_DIRS, *_python_dirs(python)]):
+    if any(package == d or package.startswith(d.rstrip("/") + "/") for d in [*_SYSTEM_DIRS, *python_dirs]):
         cmd += ["--tmpfs", package]  # an installed copy: its hidden tests stay out of reach
     size = str(tmp_bytes)
     cmd += ["--proc", "/proc", "--dev", "/dev",
             "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
             "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
             "--dir", "/var", "--symlink", "/tmp", "/var/tmp",
-            "--ro-bind", str(_CHILD), _INSIDE_CHILD, "--chdir", "/tmp", "--"]
+            "--ro-bind", str(_CHILD), _INSIDE_CHILD,
+            # bwrap's own root is a tmpfs without a size cap, writable from inside a user namespace: read-only.
+            "--remount-ro", "/", "--chdir", "/tmp", "--"]
     return cmd
 
 
@@ -296,6 +434,8 @@ def _run_child(
     timeout_s: float,
     timeouts_left: int,
     options: dict,
+    entry_point: str | None = None,
+    helpers: str = "",
 ) -> _Outcome:
     """Start one sandbox for `cases` (a suffix of the job) and collect what its judge reports."""
     as_root = os.geteuid() == 0
@@ -307,6 +447,7 @@ def _run_child(
         "code": code,
         "timeout_s": float(timeout_s),
         "block_sockets": unsafe,
+        "probe": not cases,  # isolation_info(): the worker also tries what the seccomp filter refuses
         "drop_to": [sandbox_uid, sandbox_uid] if as_root else None,
         "limits": {
             "memory_bytes": int(options["memory_mb"] * 2**20),
@@ -314,13 +455,15 @@ def _run_child(
             "file_bytes": int(options["max_file_mb"] * 2**20),
             "open_files": int(options["max_open_files"]),
             "processes": int(options["max_processes"]),
+            "tmp_files": int(options["max_tmp_files"]),
         },
     }
     part_b = {"setup": setup, "cases": list(cases), "timeout_s": float(timeout_s),
-              "timeouts_left": int(timeouts_left)}
+              "timeouts_left": int(timeouts_left), "entry_point": entry_point, "helpers": helpers}
     outcome = _Outcome(results=[])
     workdir = None
     read_fd, write_fd = os.pipe()
+    filter_fd = -1
     proc = None
     try:
         if unsafe:
@@ -331,7 +474,12 @@ def _run_child(
             cmd = [python, "-I", "-S", "-B", str(_CHILD), str(write_fd)]
             env, cwd = _minimal_env(workdir), workdir
         else:
-            cmd = _bwrap_command(python, int(options["tmp_mb"] * 2**20), as_root)
+            program = seccomp_program()
+            if program is not None:
+                filter_fd, filter_w = os.pipe()  # bwrap reads the filter to EOF; it fits the pipe's buffer
+                os.write(filter_w, program)
+                os.close(filter_w)
+            cmd = _bwrap_command(python, int(options["tmp_mb"] * 2**20), as_root, filter_fd if program else None)
             cmd += [python, "-I", "-S", "-B", _INSIDE_CHILD, str(write_fd)]
             env, cwd = _minimal_env("/tmp"), "/"
         proc = subprocess.Popen(
@@ -341,11 +489,14 @@ def _run_child(
             stderr=subprocess.PIPE,
             cwd=cwd,
             env=env,
-            pass_fds=(write_fd,),
+            pass_fds=(write_fd,) if filter_fd < 0 else (write_fd, filter_fd),
             start_new_session=True,
         )
         os.close(write_fd)
         write_fd = -1
+        if filter_fd >= 0:
+            os.close(filter_fd)
+            filter_fd = -1
         try:
             proc.stdin.write(_part(part_a) + _part(part_b))
             proc.stdin.close()
@@ -360,8 +511,9 @@ def _run_child(
             if proc.stderr is not None:
                 proc.stderr.close()
         os.close(read_fd)
-        if write_fd >= 0:
-            os.close(write_fd)
+        for fd in (write_fd, filter_fd):
+            if fd >= 0:
+                os.close(fd)
         if workdir is not None:
             _rmtree(workdir)
     if outcome.info is None and outcome.crash is not None and outcome.crash[0] == "SandboxError":
@@ -499,12 +651,19 @@ def run_cases(
     cases: Sequence[str],
     *,
     setup: str = "",
+    entry_point: str | None = None,
+    prompt: str | None = None,
     timeout_s: float = 10.0,
     max_timeouts: int = 3,
     **options,
 ) -> list[TestResult]:
     """Run `code`, then `setup`, then each assert in `cases` in the sandbox; one result per case.
 
+    The cases run in a namespace of their own, outside the model's reach (docs/sandbox.md, "An isolated
+    judge"): with `entry_point`, that function is the only name of the model's code they see; without it,
+    every function of the model's code whose name is no builtin and not bound by trusted code. `prompt` (the
+    problem's own text, trusted) gives the helpers a test calls (HumanEval's ``encode_shift``, ``poly``): they
+    run on the judge's side, so the model's redefinitions of them are never what a test checks against.
     A failure while running `code` or `setup` fails every case with that error (docs/multiturn.md §5.1).
     Options: ``memory_mb`` (1024: all processes of the sandbox together), ``max_processes`` (32,
     threads included), ``max_file_mb`` (16: largest file), ``max_open_files`` (64), ``tmp_mb`` (64:
@@ -516,6 +675,9 @@ def run_cases(
     if not isinstance(max_timeouts, int) or max_timeouts < 1:
         raise ValueError(f"max_timeouts must be >= 1, got {max_timeouts!r}")
     opts = _options(options)
+    if entry_point is not None and not (isinstance(entry_point, str) and entry_point.isidentifier()):
+        raise ValueError(f"entry_point={entry_point!r} is not allowed: use the name of the function under test")
+    helpers = prompt_helpers(prompt or "", entry_point)
     cases = list(cases)
     results: list[TestResult | None] = [None] * len(cases)
     pending = list(range(len(cases)))
@@ -537,6 +699,8 @@ def run_cases(
             timeout_s=timeout_s,
             timeouts_left=max_timeouts - timeouts,
             options=opts,
+            entry_point=entry_point,
+            helpers=helpers,
         )
         for result in outcome.results:
             results[result.index] = result
@@ -568,6 +732,7 @@ def run_tests(
     test_code: str,
     entry_point: str,
     *,
+    prompt: str | None = None,
     timeout_s: float = 10.0,
     max_timeouts: int = 3,
     **options,
@@ -576,7 +741,8 @@ def run_tests(
 
     The asserts of ``check`` become individual cases (:func:`extract_test_cases`); returns one
     :class:`TestResult` per case, in order (empty if no case was found). ``math`` is pre-imported
-    for the code, as upstream does. See :func:`run_cases` for the options.
+    for the code, as upstream does. The tests see the model's `entry_point` only; pass the problem's `prompt`
+    when they call a helper defined there (see :func:`run_cases`, also for the options).
     """
     _check_timeout(timeout_s)
     _options(options)
@@ -587,6 +753,8 @@ def run_tests(
         code,
         cases,
         setup=test_setup_code(test_code),
+        entry_point=entry_point,
+        prompt=prompt,
         timeout_s=timeout_s,
         max_timeouts=max_timeouts,
         **options,
@@ -601,7 +769,7 @@ def run_tests_many(
 ) -> list[list[TestResult]]:
     """Run several :func:`run_tests` jobs in parallel, at most `max_workers` sandboxes at a time.
 
-    Each job is a mapping with ``code``, ``test_code``, ``entry_point`` (plus optional per-job
+    Each job is a mapping with ``code``, ``test_code``, ``entry_point`` (plus optional ``prompt`` and per-job
     options) or a tuple ``(code, test_code, entry_point)``. `defaults` are options for every job.
     ``max_workers`` defaults to ``min(8, os.cpu_count())``. Results keep the job order.
     """
