@@ -10,6 +10,7 @@ Rows are right-padded so that one forward pass scores winners and losers of all 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -75,11 +76,59 @@ def token_logps(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     ``logits`` [R, L, V], ``input_ids`` [R, L] → [R, L] with position 0 set to 0 (nothing predicts it).
     Computed in float32.
     """
-    # log p(x) = logit[x] - logsumexp(logits): no full-vocabulary log-softmax tensor is kept for backward.
+    return _logps_from(logits, input_ids, 1)
+
+
+def _logps_from(logits: torch.Tensor, input_ids: torch.Tensor, start: int) -> torch.Tensor:
+    """``logits`` [R, L − start + 1, V] of positions start−1 .. L−1 → log p(x_t | x_<t) for t >= start, as [R, L]
+    with 0 before ``start``: log p(x) = logit[x] − logsumexp(logits), in float32 (no full-vocabulary log-softmax
+    tensor is kept for backward)."""
     shifted = logits[:, :-1].float()
-    picked = shifted.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    picked = shifted.gather(-1, input_ids[:, start:].unsqueeze(-1)).squeeze(-1)
     gathered = picked - torch.logsumexp(shifted, dim=-1)
-    return F.pad(gathered, (1, 0), value=0.0)
+    return F.pad(gathered, (start, 0), value=0.0)
+
+
+def first_scored_position(score_mask: torch.Tensor) -> int:
+    """The smallest position scored in any row of ``score_mask`` [R, L] (L when nothing is scored)."""
+    scored = score_mask.bool()
+    rows = scored.any(dim=-1)
+    if not bool(rows.any()):
+        return score_mask.shape[1]
+    return int(scored.int().argmax(dim=-1)[rows].min())
+
+
+def scored_token_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor], **forward_kwargs) -> tuple[
+        torch.Tensor, object]:
+    """One forward of ``model`` over a :func:`build_scoring_batch` batch that computes logits only where a scored
+    token is predicted; returns (token log-probs ``[R, L]``, the model output).
+
+    With s the first scored position of any row (:func:`first_scored_position`), the logits of positions
+    s−1 .. L−1 are computed (``logits_to_keep = L − s + 1``, which transformers' causal LMs take; other models
+    compute them all and are sliced) and entry t of the result is log p(x_t | x_<t) for t >= s, 0 before. On the
+    scored positions it equals :func:`token_logps` of the full logits; the prompt positions before s cost no
+    vocabulary projection, no log-sum-exp and no backward through them.
+    """
+    ids = batch["input_ids"]
+    start = max(1, first_scored_position(batch["score_mask"]))
+    keep = ids.shape[1] - start + 1
+    kwargs = {"input_ids": ids, "attention_mask": batch["attention_mask"], "use_cache": False, **forward_kwargs}
+    if accepts_logits_to_keep(model):
+        out = model(**kwargs, logits_to_keep=keep)
+        logits = out.logits
+    else:
+        out = model(**kwargs)
+        logits = out.logits[:, start - 1:]
+    return _logps_from(logits, ids, start), out
+
+
+def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether ``model.forward`` (a peft model: its base model's) takes transformers' ``logits_to_keep``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def masked_sequence_logps(logits: torch.Tensor, input_ids: torch.Tensor, score_mask: torch.Tensor) -> torch.Tensor:
@@ -89,6 +138,7 @@ def masked_sequence_logps(logits: torch.Tensor, input_ids: torch.Tensor, score_m
 
 
 def sequence_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """One forward pass of ``model`` over a :func:`build_scoring_batch` batch → summed log-probs [R]."""
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
-    return masked_sequence_logps(out.logits, batch["input_ids"], batch["score_mask"])
+    """One forward pass of ``model`` over a :func:`build_scoring_batch` batch → summed log-probs [R]
+    (logits of the scored positions only: :func:`scored_token_logps`)."""
+    per_token, _ = scored_token_logps(model, batch)
+    return (per_token * batch["score_mask"].to(per_token.dtype)).sum(-1)

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from comlrl_lightning.devices import device_of, resolve_devices
+from comlrl_lightning.logprobs import scored_token_logps
 from comlrl_lightning.logprobs import token_logps as _token_logps
 from comlrl_lightning.losses import k3_kl
 
@@ -106,7 +107,9 @@ class ReferencePolicies:
         """Reference log-prob of every input token given the previous ones, ``[R, L]`` (position 0 is 0).
 
         ``batch`` holds ``input_ids`` and ``attention_mask`` ``[R, L]`` (e.g. from
-        :func:`~comlrl_lightning.logprobs.build_scoring_batch`). The result is on the caller's device
+        :func:`~comlrl_lightning.logprobs.build_scoring_batch`); with its ``score_mask``, only the positions from
+        the first scored one on are computed (:func:`~comlrl_lightning.logprobs.scored_token_logps`), the others
+        are 0. The result is on the caller's device
         (that of ``batch["input_ids"]``), computed under ``no_grad``.
         """
         out_device = batch["input_ids"].device
@@ -114,6 +117,9 @@ class ReferencePolicies:
             device = device_of(model)
             ids = batch["input_ids"].to(device)
             mask = batch["attention_mask"].to(device)
+            if "score_mask" in batch:  # logits of the scored positions only
+                return scored_token_logps(model, {"input_ids": ids, "attention_mask": mask,
+                                                  "score_mask": batch["score_mask"]})[0].to(out_device)
             logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
             return _token_logps(logits, ids).to(out_device)
 

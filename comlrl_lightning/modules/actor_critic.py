@@ -44,7 +44,7 @@ from comlrl_lightning.engines import SampleRequest, engine_of
 from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
 from comlrl_lightning.generation import SamplingStream
 from comlrl_lightning.logging_utils import log_metrics
-from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
+from comlrl_lightning.logprobs import build_scoring_batch, scored_token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss, td_advantages, value_loss
 from comlrl_lightning.modules.base import TeamModuleBase, default_adamw
 from comlrl_lightning.multiturn.episodes import EpisodeSample, first_prompt, run_episodes, turn_rewards, turn_summary
@@ -194,10 +194,9 @@ class ActorCriticModule(TeamModuleBase):
     def _actor_forward(self, i: int, batch: dict, with_values: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token log-probs ``[R, L]`` of agent i (and its attached head's values ``[R, L]``)."""
         with self.team.activate(i) as model:
-            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False,
-                        output_hidden_states=with_values)
+            logps, out = scored_token_logps(model, batch, output_hidden_states=with_values)
         values = self.value_heads[i](out.hidden_states[-1]) if with_values else None
-        return token_logps(out.logits, batch["input_ids"]), values
+        return logps, values
 
     def _values(self, i: int, samples: Sequence[EpisodeSample]) -> torch.Tensor:
         """Critic values of agent i's samples (gradients follow the caller's grad mode), ``[R]``."""

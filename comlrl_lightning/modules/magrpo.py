@@ -43,7 +43,7 @@ from comlrl_lightning.engines import SampleRequest, engine_of
 from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
 from comlrl_lightning.generation import Samples, SamplingStream
 from comlrl_lightning.logging_utils import log_metrics
-from comlrl_lightning.logprobs import build_scoring_batch, token_logps, trim_completion
+from comlrl_lightning.logprobs import build_scoring_batch, scored_token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss
 from comlrl_lightning.metrics import mean_across_ranks
 from comlrl_lightning.modules.base import TeamModuleBase
@@ -169,11 +169,9 @@ class MAGRPOModule(TeamModuleBase):
                 was_training = model.training
                 model.eval()
                 try:
-                    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                   use_cache=False).logits
+                    policy, _ = scored_token_logps(model, batch)
                 finally:
                     model.train(was_training)
-            policy = token_logps(logits, batch["input_ids"])
             ref = self.reference.token_logps(agent, batch)
             flat += sequence_kl(policy, ref, batch["score_mask"]).tolist()
         out, row = [], 0
@@ -381,9 +379,7 @@ class MAGRPOModule(TeamModuleBase):
         batch = completion_batch(prompts, comps, self.team.tokenizers[agent])
         batch = {k: v.to(self.agent_device(agent)) for k, v in batch.items()}
         with self.team.activate(agent) as model:
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           use_cache=False).logits
-        logps = token_logps(logits, batch["input_ids"])
+            logps, _ = scored_token_logps(model, batch)  # logits of the completion positions only
         mask = batch["score_mask"].bool()
         total = logps.new_zeros(())
         row = 0

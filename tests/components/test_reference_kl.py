@@ -122,5 +122,7 @@ def test_lora_reference_is_the_base_with_the_adapter_disabled(tiny_model_dir):
         with model.disable_adapter():
             base = token_logps(model(input_ids=batch["input_ids"]).logits, batch["input_ids"])
     ref = refs.token_logps(0, batch)
-    assert torch.allclose(ref, base) and not torch.allclose(ref, pol)
+    scored = batch["score_mask"].bool()  # the reference computes logits of the scored positions only
+    assert bool((ref[~scored] == 0).all())
+    assert torch.allclose(ref[scored], base[scored]) and not torch.allclose(ref[scored], pol[scored])
     assert sequence_kl(pol, ref, batch["score_mask"]).item() > 0
