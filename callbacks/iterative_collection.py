@@ -27,6 +27,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from comlrl_lightning.config.preference import refuse_centralized_learner
 from comlrl_lightning.data.tasks import format_prompts
 from comlrl_lightning.distributed import gather_round, per_rank_entry, rank_seed, shard_bounds, world
 from comlrl_lightning.generation import SamplingStream
@@ -52,6 +53,24 @@ def _check_replay_selection(trainer: L.Trainer, args: Any) -> None:
             f"Replay options are set ({options}) but no ReplaySelection callback is configured, so they would be "
             "ignored. Add comlrl_lightning.callbacks.ReplaySelection after IterativePreferenceCollection in the "
             "Trainer's callbacks (or use MADPOIterTrainer / MARLHFIterTrainer), or leave the replay options unset.")
+
+
+def _check_option_callbacks(trainer: L.Trainer, args: Any) -> None:
+    """Options that act through a callback of their own: set without it, they would be ignored."""
+    from comlrl_lightning.callbacks.history_checkpoint import HistoryCheckpoint
+    from comlrl_lightning.callbacks.reward_distribution import RewardDistributionLogger
+
+    needs = [(f"log_reward_distribution={args.log_reward_distribution!r}", RewardDistributionLogger)
+             if getattr(args, "log_reward_distribution", False) else None,
+             (f"policy_checkpoint_dir={args.policy_checkpoint_dir!r}", HistoryCheckpoint)
+             if getattr(args, "policy_checkpoint_dir", None) is not None else None]
+    for need in needs:
+        if need is not None and not any(isinstance(cb, need[1]) for cb in trainer.callbacks):
+            name = need[1].__name__
+            raise ValueError(
+                f"{need[0]} is set but no {name} callback is configured, so it would be ignored. Add "
+                f"comlrl_lightning.callbacks.{name} to the Trainer's callbacks (or use MADPOIterTrainer / "
+                "MARLHFIterTrainer, which add it), or leave the option unset.")
 
 
 def no_pairs_message(where: str, stats: CollectionStats) -> str:
@@ -103,6 +122,8 @@ class IterativePreferenceCollection(L.Callback):
         check_protocol(trainer.datamodule, RoundData, "IterativePreferenceCollection", "data module",
                        "IterativePreferenceDataModule")
         _check_replay_selection(trainer, pl_module.args)
+        _check_option_callbacks(trainer, pl_module.args)
+        refuse_centralized_learner(pl_module.args, type(self).__name__)
         trainer.datamodule.offer_comparator(self.comparator, "IterativePreferenceCollection(comparator=...)")
         self._rank, self._world = world(trainer)
         seed = rank_seed(pl_module.args.seed if self.seed is None else self.seed, self._rank)

@@ -37,6 +37,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from comlrl_lightning.config.preference import refuse_centralized_learner
 from comlrl_lightning.distributed import world
 from comlrl_lightning.learned_reward import LearnedRewardOracle, support_clip_bound
 from comlrl_lightning.logging_utils import log_metrics
@@ -100,6 +101,7 @@ class _RewardModelFitting(L.Callback):
         check_protocol(pl_module, TeamModule, type(self).__name__, "module", "MARLHFModule or MARLHFActorCriticModule")
         check_protocol(trainer.datamodule, TaskSource, type(self).__name__, "data module",
                        "TaskDataModule or MARLHFIterDataModule")
+        refuse_centralized_learner(pl_module.args, type(self).__name__)
         if self.reward_model is None and pl_module.args.reward_model_name is None \
                 and getattr(pl_module, "reward_source", None) is None:
             raise ValueError(

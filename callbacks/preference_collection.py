@@ -15,6 +15,7 @@ from __future__ import annotations
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from comlrl_lightning.config.preference import refuse_centralized_learner
 from comlrl_lightning.distributed import world
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.metrics import RoundMetrics
@@ -46,6 +47,7 @@ class PreferenceCollection(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         check_protocol(pl_module, TeamModule, "PreferenceCollection", "module", "MADPOModule")
         check_protocol(trainer.datamodule, PairSink, "PreferenceCollection", "data module", "PreferenceDataModule")
+        refuse_centralized_learner(pl_module.args, "PreferenceCollection")
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.collected:  # restored from a checkpoint: the pairs came back with the data module state

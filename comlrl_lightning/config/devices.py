@@ -3,6 +3,7 @@ accelerator in use) and ``agent_overlap``."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,10 @@ def check_device_list(cfg: Any, name: str, expected: int) -> None:
     """A device list in option ``name`` must be non-empty and, in "mp" mode, have 1 or ``expected`` entries (with
     "none" the first entry is used, as upstream's resolve_single_device does). Its devices must exist here."""
     check_devices_exist(cfg, name)
+    if cfg.parallel_training != "mp":
+        warn_unused_devices(cfg, name, f"with parallel_training={cfg.parallel_training!r} every model lives on the "
+                            f"Lightning accelerator's device. Set parallel_training='mp' to place model i on {name}[i] "
+                            "(or choose the device with the Trainer's accelerator/devices)")
     count = device_count(getattr(cfg, name))
     if count is None or (cfg.parallel_training != "mp" and count):
         return
@@ -80,3 +85,11 @@ def check_device_list(cfg: Any, name: str, expected: int) -> None:
     if count not in (1, expected):
         raise _bad(f"{name} length ({count}) must be 1 or {expected}.", getattr(cfg, name),
                    f"a device string or a list of length 1 or {expected}")
+
+
+def warn_unused_devices(cfg: Any, name: str, why: str) -> None:
+    """Warn (once per place) that device option ``name`` is set but takes no effect, saying why and what to set."""
+    spec = getattr(cfg, name)
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() == "auto"):
+        return
+    warnings.warn(f"{name}={spec!r} has no effect: {why}.", UserWarning, stacklevel=4)

@@ -26,7 +26,7 @@ from comlrl_lightning.config.critic import (
     check_value_loss_coef,
     normalize_critic_type,
 )
-from comlrl_lightning.config.devices import check_device_list, check_devices_exist
+from comlrl_lightning.config.devices import check_device_list, check_devices_exist, warn_unused_devices
 from comlrl_lightning.config.iterative import _IterativePreferenceOptions
 from comlrl_lightning.config.preference import MADPOConfig
 from comlrl_lightning.config.reference_kl import check_reference_devices
@@ -145,6 +145,10 @@ class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardMo
             check_devices_exist(self, "reward_model_device")
         if self.is_actor_critic:  # the critic count of the RL stage: one shared (maac) or one per agent (iac)
             check_device_list(self, "critic_devices", 1 if self.rl_algorithm == "maac" else self.num_agents)
+        else:
+            check_devices_exist(self, "critic_devices")
+            warn_unused_devices(self, "critic_devices", f"rl_algorithm={self.rl_algorithm!r} has no critic "
+                                "(critics: rl_algorithm='iac' or 'maac')")
         check_critic_learning_rate(self)
         normalize_critic_type(self)
         check_value_loss_coef(self)

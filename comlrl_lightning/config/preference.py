@@ -161,3 +161,20 @@ class MADPOIterConfig(_IterativePreferenceOptions, MADPOConfig):
     def __post_init__(self) -> None:
         self._validate_base()
         self._validate_iterative()
+
+
+#: The facades that implement ``collaboration_mode="centralized"`` (one learner writes every role).
+CENTRALIZED_FACADES = "MADPOTrainer, MADPOIterTrainer, MARLHFTrainer or MARLHFIterTrainer"
+
+
+def refuse_centralized_learner(args: Any, where: str) -> None:
+    """``collaboration_mode="centralized"`` takes effect through the facades, which give one learner the joint
+    prompt and parse its roles (their module's args say "decentralized"). A module whose args still say
+    "centralized" was built around them (module/YAML path) and would train ``num_agents`` separate learners: refused
+    at setup, naming what to use."""
+    if getattr(args, "collaboration_mode", None) == "centralized":
+        raise ValueError(
+            f"{where}: collaboration_mode='centralized' takes effect only through {CENTRALIZED_FACADES} (one learner "
+            f"writes all {args.num_agents} roles in a joint text); a module given these args directly (the "
+            f"module/YAML path) would train {args.num_agents} decentralized learners. Use the facade, or set "
+            "collaboration_mode='decentralized'.")
