@@ -10,14 +10,18 @@ only; never imported by the package. Process layout::
 
 stdin carries two length-prefixed JSON parts. The judge reads part A (the model's code, limits),
 forks the worker, and only then reads part B (test setup and cases): the worker's memory never held
-a test. The judge runs each case with the model's functions replaced by proxies; a proxy sends the
-arguments to the worker as plain data and gets back plain data (or an exception name and message).
+a test. The judge runs each case in a namespace of its own: the original builtins, ``math``, the problem
+prompt's helpers (trusted, run here) and a proxy for the model's entry point, nothing else of the model's; the
+proxy sends the arguments to the worker as plain data and gets back plain data (or an exception name and
+message; a remote ``StopIteration`` comes back as no StopIteration).
 Only exact builtin types cross (``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``,
 ``bytes``, ``list``, ``tuple``, ``dict``, ``set``, ``frozenset``), so the comparisons of a case run
 on values whose ``__eq__`` the model cannot choose, in a process it cannot reach: the judge is
 non-dumpable (no ptrace, no ``/proc/1/mem`` or ``/proc/1/fd``), and as pid 1 of the namespace it
 ignores every signal it has no handler for, SIGKILL included. Records for the trainer go out on
-``result_fd``, which the worker closes before running anything.
+``result_fd``, which the worker closes before running anything. While it waits for the worker, the judge
+is also the sandbox's watchdog: resident memory, tmpfs files and SysV shared memory against ``memory_mb``,
+files against ``max_tmp_files``, processes against ``max_processes``.
 
 Why one self-contained file: it runs in isolated mode (``-I``), where ``sys.path`` holds neither
 this file's folder nor the package, and the package directory is hidden inside the sandbox.
@@ -633,7 +637,8 @@ class Judge:
             return "MemoryError", (f"the sandbox exceeded its memory budget of {self.memory_bytes >> 20} MB (all "
                                    "processes, /tmp, /dev/shm and shared memory together)")
         if self.max_tmp_files is not None and files > self.max_tmp_files + 2 * len(self.tmpfs):  # + the roots
-            return "OSError", f"the sandbox created more than max_tmp_files={self.max_tmp_files} files in /tmp"
+            return "OSError", (f"the sandbox created more than max_tmp_files={self.max_tmp_files} files in /tmp and "
+                               "/dev/shm")
         return None
 
     def _sandbox_pids(self):

@@ -4,22 +4,28 @@ Model code never runs in the calling process, nor in a process that decides a ve
 starts one sandbox (``isolation="bwrap"``, the default, needs the ``bwrap`` program of bubblewrap):
 
 * new mount, pid, network, IPC and UTS namespaces; the host filesystem is invisible except the
-  system directories and the Python installation, mounted read-only, with the package directory
-  hidden; ``/tmp`` (the working directory) and ``/dev/shm`` are private size-capped tmpfs mounts
-  that vanish with the sandbox; ``/proc`` shows the sandbox's own processes only. No network at all:
-  no interface but a down loopback, and no host path sockets (they are not mounted);
+  system directories and the interpreter's own installation prefix, mounted read-only, with the
+  package directory hidden (a prefix that is or holds a home directory, or holds the caller's secrets,
+  is refused); ``/tmp`` (the working directory) and ``/dev/shm`` are private size- and file-capped
+  tmpfs mounts that vanish with the sandbox; ``/proc`` shows the sandbox's own processes only. No
+  network at all: no interface but a down loopback, no host path sockets (they are not mounted);
+* a seccomp filter (:func:`seccomp_program`): ``AF_UNIX`` sockets only, no keyring calls (the sandbox
+  starts in a new, empty session keyring), no ``memfd_create``, no ``io_uring``;
 * the code runs under its own uid: a random per-sandbox uid when the caller is root, otherwise the
   caller's uid mapped in a user namespace of its own (the kernel counts ``RLIMIT_NPROC`` per user
   namespace). Either way sandboxes cannot signal, read or starve each other;
 * ``RLIMIT_AS`` per process plus a watchdog that kills the whole sandbox when the resident memory of
-  all its processes together passes ``memory_mb``; ``RLIMIT_NPROC`` (``max_processes``, threads
+  all its processes, its tmpfs files and its SysV shared memory together pass ``memory_mb``, or its
+  tmpfs mounts hold more than ``max_tmp_files`` files; ``RLIMIT_NPROC`` (``max_processes``, threads
   included), ``RLIMIT_CPU``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, no core dumps, no new privileges;
 * ``--die-with-parent``: if the trainer dies, the sandbox and every process in it die too.
 
 Inside, a trusted *judge* (pid 1, never runs model code) runs the test code; the model's functions
 are proxies to a *worker* process that runs the model's code and answers each call with plain data
 (exact builtin types, encoded as JSON). The comparisons happen in the judge, on values the model
-cannot give a custom ``__eq__``; the tests never enter the worker. See ``_sandbox_child.py``.
+cannot give a custom ``__eq__``; the tests never enter the worker, and the model's names never enter
+the tests' namespace (the entry point's proxy aside; the prompt's helpers run judge-side). See
+``_sandbox_child.py``.
 
 Timeouts follow the spec (docs/multiturn.md §5.1): each timed-out case fails with ``TimeoutException``;
 once ``max_timeouts`` cases have timed out, the remaining cases fail without running
@@ -416,8 +422,9 @@ def _bwrap_command(python: str, tmp_bytes: int, as_root: bool, seccomp_fd: int |
             "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
             "--dir", "/var", "--symlink", "/tmp", "/var/tmp",
             "--ro-bind", str(_CHILD), _INSIDE_CHILD,
-            # bwrap's own root is a tmpfs without a size cap, writable from inside a user namespace: read-only.
-            "--remount-ro", "/", "--chdir", "/tmp", "--"]
+            # bwrap's own root and /dev are tmpfs mounts without a size cap, writable from inside a user
+            # namespace: read-only (not recursive: /tmp and /dev/shm stay writable; device nodes still work).
+            "--remount-ro", "/", "--remount-ro", "/dev", "--chdir", "/tmp", "--"]
     return cmd
 
 
