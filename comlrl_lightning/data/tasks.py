@@ -118,6 +118,44 @@ def build_formatters(formatters: Any, num_agents: int, prompt_field: str = "prom
     return formatters
 
 
+def chat_prompt(tokenizer: Any, text: str) -> str:
+    """``text`` as one user message through the tokenizer's chat template (with the generation prompt), or ``text``
+    unchanged when the tokenizer has no chat template (the documented fallback, docs/models.md)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return text
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def with_chat_template(formatters: Sequence[Callable], tokenizers: Sequence[Any],
+                       enabled: bool = True) -> list[Callable]:
+    """Formatter ``a`` followed by :func:`chat_prompt` with agent ``a``'s tokenizer (``enabled=False``: the
+    formatters unchanged). A formatter that declares ``external_prompts`` keeps receiving it."""
+    import inspect
+
+    if len(formatters) != len(tokenizers):
+        raise ValueError(f"with_chat_template: {len(formatters)} formatters for {len(tokenizers)} tokenizers.")
+    if not enabled:
+        return list(formatters)
+    out: list[Callable] = []
+    for f, tok in zip(formatters, tokenizers):
+        if not getattr(tok, "chat_template", None):
+            out.append(f)
+            continue
+        try:
+            takes_external = "external_prompts" in inspect.signature(f).parameters
+        except (TypeError, ValueError):
+            takes_external = False
+        if takes_external:
+            def wrapped(item: dict, external_prompts: Any = None, _f: Callable = f, _tok: Any = tok) -> str:
+                return chat_prompt(_tok, _f(item, external_prompts=external_prompts))
+        else:
+            def wrapped(item: dict, _f: Callable = f, _tok: Any = tok) -> str:
+                return chat_prompt(_tok, _f(item))
+        out.append(wrapped)
+    return out
+
+
 def format_prompts(items: Sequence[dict], formatters: Sequence[Callable[[dict], str]], offset: int = 0,
                    prompt_field: str = "prompt") -> list[list[str]]:
     """``prompts[a][k]`` = formatter a applied to item k, with errors that name the item."""
