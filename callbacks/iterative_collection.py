@@ -56,17 +56,16 @@ def _check_replay_selection(trainer: L.Trainer, args: Any) -> None:
 
 
 def _check_option_callbacks(trainer: L.Trainer, args: Any) -> None:
-    """Options that act through a callback of their own: set without it, they would be ignored."""
-    from comlrl_lightning.callbacks.history_checkpoint import HistoryCheckpoint
-    from comlrl_lightning.callbacks.reward_distribution import RewardDistributionLogger
-
-    needs = [(f"log_reward_distribution={args.log_reward_distribution!r}", RewardDistributionLogger)
+    """Options that act through a callback of their own: set without it, they would be ignored. (Callbacks do not
+    import each other: the callback is recognised by its class name, subclasses included.)"""
+    needs = [(f"log_reward_distribution={args.log_reward_distribution!r}", "RewardDistributionLogger")
              if getattr(args, "log_reward_distribution", False) else None,
-             (f"policy_checkpoint_dir={args.policy_checkpoint_dir!r}", HistoryCheckpoint)
+             (f"policy_checkpoint_dir={args.policy_checkpoint_dir!r}", "HistoryCheckpoint")
              if getattr(args, "policy_checkpoint_dir", None) is not None else None]
+    present = {cls.__name__ for cb in trainer.callbacks for cls in type(cb).__mro__}
     for need in needs:
-        if need is not None and not any(isinstance(cb, need[1]) for cb in trainer.callbacks):
-            name = need[1].__name__
+        if need is not None and need[1] not in present:
+            name = need[1]
             raise ValueError(
                 f"{need[0]} is set but no {name} callback is configured, so it would be ignored. Add "
                 f"comlrl_lightning.callbacks.{name} to the Trainer's callbacks (or use MADPOIterTrainer / "
