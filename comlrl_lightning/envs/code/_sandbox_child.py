@@ -588,9 +588,24 @@ def _remote_exception(etype, msg):
         return type(etype if etype.isidentifier() else "RemoteError", (Exception,), {})(msg)
 
 
-def _sysv_bytes():
+SHM_INFO, MSG_INFO = 14, 12
+
+
+def _sysv_bytes(libc, page):
     """Bytes held by the SysV shared memory segments and message queues of this IPC namespace (the sandbox's
-    own: bwrap unshares IPC). Segments outlive their processes, so the count is per namespace, not per pid."""
+    own: bwrap unshares IPC). Segments outlive their processes, so the count is per namespace, not per pid.
+    Two system calls (``shmctl(SHM_INFO)``: pages of every segment; ``msgctl(MSG_INFO)``: bytes queued); the
+    ``/proc/sysvipc`` files, twenty times slower to read, only without ctypes."""
+    if libc is not None:
+        import ctypes
+
+        buf = ctypes.create_string_buffer(64)
+        total = 0
+        if libc.shmctl(0, SHM_INFO, buf) >= 0:
+            total += ctypes.c_ulong.from_buffer(buf, 8).value * page  # struct shm_info.shm_tot
+        if libc.msgctl(0, MSG_INFO, buf) >= 0:
+            total += ctypes.c_int.from_buffer(buf, 24).value  # struct msginfo.msgtql
+        return total
     total = 0
     for path, column in (("/proc/sysvipc/shm", "size"), ("/proc/sysvipc/msg", "cbytes")):
         try:
@@ -607,8 +622,8 @@ def _sysv_bytes():
 
 
 class Judge:
-    def __init__(self, worker_pid, channel, limits, in_pidns):
-        self.worker_pid, self.channel = worker_pid, channel
+    def __init__(self, worker_pid, channel, limits, in_pidns, libc=None):
+        self.worker_pid, self.channel, self.libc = worker_pid, channel, libc
         self.memory_bytes, self.in_pidns = limits["memory_bytes"], in_pidns
         self.max_processes, self.max_tmp_files = limits["processes"], limits.get("tmp_files")
         self.tmpfs = ["/tmp", "/dev/shm"] if in_pidns else []  # private mounts (bwrap); the host's otherwise
@@ -632,7 +647,7 @@ class Judge:
             used += (st.f_blocks - st.f_bfree) * st.f_frsize
             files += st.f_files - st.f_ffree
         if self.in_pidns:
-            used += _sysv_bytes()
+            used += _sysv_bytes(self.libc, self.page)
         if used > self.memory_bytes:
             return "MemoryError", (f"the sandbox exceeded its memory budget of {self.memory_bytes >> 20} MB (all "
                                    "processes, /tmp, /dev/shm and shared memory together)")
@@ -836,7 +851,7 @@ def main():
     sys.stdout, sys.stderr = _CappedSink(), _CappedSink()
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    judge = Judge(pid, _Channel(replies_r, calls_w), part_a["limits"], in_pidns)
+    judge = Judge(pid, _Channel(replies_r, calls_w), part_a["limits"], in_pidns, libc)
     timeout_s = part_b["timeout_s"]
     try:
         run(judge, out, part_b, timeout_s)
