@@ -207,3 +207,14 @@ def test_lora_and_full_teams_on_a_gguf_export_and_reload(tiny_gguf, cache, tmp_p
         reloaded = AutoModelForCausalLM.from_pretrained(path).eval()
         with torch.no_grad():
             assert torch.allclose(reloaded(ids).logits, model.eval()(ids).logits, atol=1e-5)
+
+
+def test_critics_and_reward_models_take_a_gguf_name(tiny_gguf, cache):
+    from comlrl_lightning.modules.reward_model import JointRewardModel
+    from comlrl_lightning.nets.critics import load_critic_backbones
+
+    (critic,) = load_critic_backbones([str(tiny_gguf)], None)
+    assert type(critic).__name__ == "LlamaForCausalLM" and critic.training
+    rm = JointRewardModel(model=str(tiny_gguf), seed=0)
+    assert rm.tokenizer.chat_template and rm.backbone.config.model_type == "llama"
+    assert [p.name for p in cache.iterdir()] == [G.file_digest(tiny_gguf)[:16]]  # one de-quantisation for all
