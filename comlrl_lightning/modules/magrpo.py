@@ -27,6 +27,7 @@ agents). ``trainer.global_step`` counts the optimizer steps taken inside ``train
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from collections import defaultdict
@@ -455,9 +456,13 @@ class MAGRPOModule(TeamModuleBase):
         self.load_rank_state(state)
 
     def rank_state(self) -> dict[str, Any]:
-        return self.random_state(self.streams, self.shuffle_rng)
+        # the samples waiting for their agent's next update (a checkpoint inside an epoch keeps them; plain types)
+        return {"buffers": [[dataclasses.asdict(s) for s in b] for b in self.buffers],
+                **self.random_state(self.streams, self.shuffle_rng)}
 
     def load_rank_state(self, state: dict[str, Any]) -> None:
+        if "buffers" in state:
+            self.buffers = [[NodeSample(**s) for s in b] for b in state["buffers"]]
         self.load_random_state(state, self.streams, self.shuffle_rng)
 
 

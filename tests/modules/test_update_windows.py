@@ -4,6 +4,8 @@ per level per window, staleness reported when ``generation_batch_size`` goes bey
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 from conftest import cpu_trainer_kwargs
@@ -72,7 +74,10 @@ def record_versions(module, method: str) -> dict:
         for index, _ in entries:
             assert index not in seen, "an item was rolled out twice"
             seen[index] = tuple(module.policy_versions)
-        return original(entries, *args, **kw)
+        out = original(entries, *args, **kw)
+        if method == "rollout_batch":  # the trees' sizes, under the key "sizes"
+            seen.setdefault("sizes", []).extend(len(samples) // module.team.num_agents for _, samples in out)
+        return out
 
     setattr(module, method, wrapped)
     return seen
@@ -90,7 +95,9 @@ def magrpo(model_dir, items, **kw):
     {"rollout_buffer_size": 2},  # one node per item: windows of 2 items
     {"rollout_buffer_size": 3, "train_batch_size": 2},  # 6 items: windows of 3
     {"num_turns": 2, "rollout_buffer_size": 4, "train_batch_size": 2},  # 3 nodes per tree, drains inside trees
-], ids=["1turn-R2", "1turn-R3", "2turn-R4"])
+    # uneven trees: roots above the threshold have no children, so trees give 1 or 3 samples
+    {"num_turns": 2, "rollout_buffer_size": 4, "train_batch_size": 2, "early_termination_threshold": 1.0},
+], ids=["1turn-R2", "1turn-R3", "2turn-R4", "2turn-R4-early"])
 def test_magrpo_windows_are_exactly_on_policy(tiny_model_dir, kw):
     runs = {}
     for batch in (1, None):
@@ -100,6 +107,9 @@ def test_magrpo_windows_are_exactly_on_policy(tiny_model_dir, kw):
         tr.train()
         if batch is None:
             windows = calls
+    sizes = {batch: run.pop("sizes") for batch, run in runs.items()}
+    if "early_termination_threshold" in kw:
+        assert set(sizes[None]) == {1, 3}, sizes  # really uneven trees
     assert runs[None] == runs[1] and sorted(runs[1]) == list(range(len(ITEMS)))
     assert len({v for v in runs[1].values()}) > 1, "the job must update between items for the test to mean anything"
     # one generate per agent per tree level per window: windows hold several items
@@ -136,6 +146,7 @@ def test_a_fixed_generation_batch_size_beyond_the_window_reports_staleness(tiny_
     seen = record_versions(tr.module, "rollout_batch")
     calls = count_generate(tr.team)
     tr.train()
+    seen.pop("sizes")
     assert set(seen.values()) == {(0, 0)}  # all six items sampled by the initial weights
     assert calls == [[6], [6]]
     # the last update (items 4 and 5) trains each agent's third version on samples of its first
@@ -154,3 +165,24 @@ def test_bad_generation_batch_size(tiny_model_dir):
     tr = magrpo(tiny_model_dir, ITEMS[:2], generation_batch_size=5)
     with pytest.raises(ValueError, match=r"generation_batch_size=5 is larger than the train dataset \(2 items\)"):
         tr.train()
+
+
+def test_buffered_samples_survive_a_checkpoint(tiny_model_dir):
+    """A checkpoint inside an epoch (a window may leave samples waiting for the next update) keeps the buffers and
+    their policy versions."""
+    tr = magrpo(tiny_model_dir, ITEMS, num_turns=2, rollout_buffer_size=4)
+    m, dm = tr.module, tr.datamodule
+    (_, samples), = m.rollout_batch([(0, ITEMS[0])], dm.formatters, dm.oracle, dm.external_transition)
+    for s in samples:
+        s.version = 3
+        m.buffers[s.agent].append(s)
+    m.policy_versions = [3, 3]
+    progress, rank = m.progress_state(), m.rank_state()  # what on_save_checkpoint stores
+    buf = io.BytesIO()
+    torch.save({"progress": progress, "rank": rank}, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)  # plain types only
+    fresh = magrpo(tiny_model_dir, ITEMS, num_turns=2, rollout_buffer_size=4).module
+    fresh.load_progress_state(loaded["progress"])
+    fresh.load_rank_state(loaded["rank"])
+    assert fresh.buffers == m.buffers and fresh.policy_versions == [3, 3] and len(fresh.buffers[0]) == 3
