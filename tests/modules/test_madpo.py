@@ -302,8 +302,8 @@ def wandb_records(path: Path):
             yield record
 
 
-def test_readme_metric_table_lists_every_logged_key(tiny_model_dir):
-    readme = (ROOT / "README.md").read_text()
+def test_metrics_doc_lists_every_logged_key(tiny_model_dir):
+    readme = (ROOT / "docs" / "metrics.md").read_text()
     tr = make_trainer(tiny_model_dir, args=small_args(eval_interval=1))
     metrics = tr.train()
     documented = readme.replace("{i}", "0")
