@@ -599,6 +599,23 @@ def forge_reward_default_argument(ws: Path):
     return _same_reward(aux, main)
 
 
+def forge_reward_shadowed_aux(ws: Path):
+    """Main brings its own ``aux`` (a default argument, a local, a nested def): it calls no function of agent 0,
+    so it earns no cooperation terms, exactly like the same main with the name spelled ``helper``."""
+    item = HALF_TASK
+    details, ok = [], True
+    for template in (
+        "def half(x, {n}=lambda v: v / 2):\n    y = {n}(x)\n    return y + 0.0\n",
+        "def half(x):\n    {n} = lambda v: v / 2\n    y = {n}(x)\n    return y + 0.0\n",
+        "def half(x):\n    def {n}(v):\n        return v / 2\n    y = {n}(x)\n    return y + 0.0\n",
+    ):
+        tricked = _rewards(HALF_AUX, template.format(n="aux"), item)
+        plain = _rewards(HALF_AUX, template.format(n="helper"), item)
+        ok = ok and tricked.passed == plain.passed == 4 and abs(tricked.total - plain.total) < 1e-9
+        details.append(f"{tricked.total:.2f} vs {plain.total:.2f}")
+    return ok, "own aux vs helper: " + "; ".join(details)
+
+
 SHIFT_PROMPT = (
     "def encode_shift(s: str):\n"
     "    return ''.join(chr(((ord(ch) + 5 - ord('a')) % 26) + ord('a')) for ch in s)\n\n\n"
@@ -832,6 +849,7 @@ CASES = {
     "forge_reward_aux_alias": forge_reward_aux_alias,
     "forge_reward_default_argument": forge_reward_default_argument,
     "forge_prompt_helper": forge_prompt_helper,
+    "forge_reward_shadowed_aux": forge_reward_shadowed_aux,
     "memfd_bomb": memfd_bomb,
     "sysv_segments": sysv_segments,
     "tmp_inode_flood": tmp_inode_flood,

@@ -155,13 +155,40 @@ def _is_aux_call(node: ast.AST, aux_name: str) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == aux_name
 
 
+def binds_name(func: ast.AST, name: str) -> bool:
+    """Whether `name` is bound anywhere inside `func` (a parameter, default arguments included, an assignment, an
+    import, a nested ``def``/``class``, ``except ... as``, ``global``/``nonlocal``, a pattern), so that a call
+    ``name(...)`` there may not reach the module-level function of that name."""
+    for node in ast.walk(func):
+        if node is func:
+            continue
+        if isinstance(node, ast.arg) and node.arg == name:
+            return True
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, (ast.Store, ast.Del)):
+            return True
+        if isinstance(node, ast.alias) and (node.asname or node.name.split(".")[0]) == name:
+            return True
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler)) \
+                and node.name == name:
+            return True
+        if isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
+            return True
+        if isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name == name:
+            return True
+    return False
+
+
 def calls_aux(main_src: str, aux_name: str = AUX_NAME) -> bool:
-    """Whether the main function calls ``aux(...)`` anywhere."""
+    """Whether the main function calls the team's ``aux(...)``: a call by that name, with ``aux`` not rebound
+    inside main (a parameter ``aux=lambda ...``, a local ``aux = ...``, an import or nested ``def`` of that name,
+    ``global aux``): such a main calls a function of its own, not agent 0's, and earns no cooperation terms."""
     if not main_src:
         return False
     func = _parse_function(main_src)
     if func is None:
         return re.search(rf"\b{re.escape(aux_name)}\s*\(", main_src) is not None
+    if binds_name(func, aux_name):
+        return False
     return any(_is_aux_call(n, aux_name) for n in ast.walk(func))
 
 
