@@ -99,6 +99,19 @@ def test_static_analysis_flags():
     assert not is_thin_wrapper(MAIN_USES_AUX.split("```python\n")[1].split("```")[0])
 
 
+def test_main_that_brings_its_own_aux_does_not_call_aux():
+    from comlrl_lightning.envs.code.analysis import calls_aux
+
+    assert calls_aux("def m(x):\n    return [aux(v) for v in x]\n")
+    for own in ("def m(x, aux=lambda v: v):\n    return aux(x)\n",
+                "def m(x):\n    aux = abs\n    return aux(x)\n",
+                "def m(x):\n    from math import fabs as aux\n    return aux(x)\n",
+                "def m(x):\n    def aux(v):\n        return v\n    return aux(x)\n",
+                "def m(x):\n    global aux\n    aux = abs\n    return aux(x)\n",
+                "def m(x, *aux):\n    return aux[0](x) if aux else aux(x)\n"):
+        assert not calls_aux(own), own
+
+
 def test_completion_level_imports_are_kept():
     aux = "import itertools\n\ndef aux(xs):\n    return list(itertools.accumulate(xs))\n"
     a = analyze(aux, MAIN_ALONE, "sum_sq", ITEM["prompt"])
