@@ -460,7 +460,7 @@ def test_prompt_helpers_run_on_the_judge_side():
     )
     helpers = prompt_helpers(prompt, "find_zero")
     assert "def poly" in helpers and "find_zero" not in helpers and "@staticmethod" in helpers
-    assert "import math" in helpers and "K = 3" in helpers
+    assert "    import math\nexcept ImportError:" in helpers and "K = 3" in helpers
     assert prompt_helpers("Write a function that adds two numbers.", "f") == ""
     code = "def poly(xs, x):\n    return 0\ndef find_zero(xs):\n    return 5.0\n"  # wrong, with a forged poly
     test = "def check(candidate):\n    assert abs(poly([1, 1], candidate([1, 1]))) < 1e-6\n"
