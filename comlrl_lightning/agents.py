@@ -37,11 +37,9 @@ def resolve_model_source(source: str) -> str:
     """
     if source == TINY_MODEL_NAME:
         return tiny_model_path()
-    if source.startswith("packaged:") or source.lower().endswith(".gguf"):
-        from comlrl_lightning.gguf import resolve_gguf
+    from comlrl_lightning.gguf import is_gguf_source, resolve_gguf
 
-        return resolve_gguf(source)
-    return source
+    return resolve_gguf(source) if is_gguf_source(source) else source
 
 
 def _hub_reachable(timeout_s: float = 3.0) -> bool:
