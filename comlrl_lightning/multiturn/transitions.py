@@ -8,9 +8,11 @@ A transition is a plain callable with upstream's signature (docs/multiturn.md §
 ``prompt`` is the item's raw ``prompt`` field; ``agent_completions`` the N completions of the turn just
 generated on this branch; the histories hold, per agent, every prompt used / completion produced along the
 branch up to and including that turn. Nothing else is ever passed: bind extra options with a closure or
-``functools.partial``.
+``functools.partial``. The two histories are optional: a callable that does not declare them (and has no
+``**kwargs``) is called without them; one whose signature cannot take the three required arguments is refused by
+:func:`check_transition_signature` (the facades call it at construction).
 
-:func:`call_transition` calls it the way upstream does (keywords only) and validates the result;
+:func:`call_transition` calls it the way upstream does (keywords) and validates the result;
 :func:`next_prompts` turns the returned strings into the prompts the agents see (docs/multiturn.md §7.3);
 :func:`plain_transition` is a ready-made transition (history + a revise instruction).
 """
@@ -29,17 +31,62 @@ class TransitionError(ValueError):
     """The external transition failed or returned something other than N prompt strings."""
 
 
-def _accepts_keywords(fn: Callable) -> bool:
-    """True when ``fn`` can take all five arguments by name (upstream calls with keywords only)."""
+def _call_plan(fn: Callable) -> tuple[bool, tuple[str, ...]]:
+    """How to call ``fn``: (the three required arguments by keyword?, the optional history names it takes).
+
+    The required three go by keyword when ``fn`` names them (or takes ``**kwargs`` and no other positional
+    parameter), else positionally; each history goes by keyword when ``fn`` declares it or takes ``**kwargs``."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # builtins and some C callables: call as upstream does
+        return True, TRANSITION_ARGS[3:]
+    kinds = {p.kind for p in params.values()}
+    var_kw = inspect.Parameter.VAR_KEYWORD in kinds
+
+    def by_name(name: str) -> bool:
+        p = params.get(name)
+        return p is not None and p.kind not in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL, p.VAR_KEYWORD)
+
+    positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required_by_name = all(by_name(n) for n in TRANSITION_ARGS[:3]) or (var_kw and not positional)
+    optional = tuple(n for n in TRANSITION_ARGS[3:] if by_name(n) or var_kw)
+    return required_by_name, optional
+
+
+def _invoke(fn: Callable, plan: tuple[bool, tuple[str, ...]], args: Sequence[Any]) -> Any:
+    by_name, optional = plan
+    values = dict(zip(TRANSITION_ARGS, args))
+    extra = {n: values[n] for n in optional}
+    if by_name:
+        return fn(**{n: values[n] for n in TRANSITION_ARGS[:3]}, **extra)
+    return fn(*args[:3], **extra)
+
+
+def check_transition_signature(fn: Any, name: str = "external_transition") -> None:
+    """Refuse, with a message that says what to write, a transition whose signature cannot be called with the
+    three required arguments (``prompt``, ``agent_completions``, ``num_agents``) plus the histories it declares."""
+    if fn is None:
+        return
+    if not callable(fn):
+        raise ValueError(f"{name} must be a callable; got {type(fn).__name__}.")
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
-        return True
-    params = sig.parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return True
-    return all(name in params and params[name].kind is not inspect.Parameter.POSITIONAL_ONLY
-               for name in TRANSITION_ARGS)
+        return
+    by_name, optional = _call_plan(fn)
+    extra = dict.fromkeys(optional)
+    try:
+        if by_name:
+            sig.bind(**dict.fromkeys(TRANSITION_ARGS[:3]), **extra)
+        else:
+            sig.bind(None, None, None, **extra)
+    except TypeError as exc:
+        label = getattr(fn, "__qualname__", None) or type(fn).__name__
+        raise ValueError(
+            f"{name} {label}{sig} cannot be called as a transition ({exc}). It is called with prompt, "
+            "agent_completions, num_agents (by keyword, or positionally when it names them otherwise), plus "
+            "prompt_history_per_agent and response_history_per_agent when it declares them or takes **kwargs; "
+            "bind any other parameter with functools.partial or a closure.") from None
 
 
 def call_transition(
@@ -56,8 +103,9 @@ def call_transition(
     """Call ``transition`` with exactly the five arguments of the spec and check its result.
 
     Like upstream, every argument goes by keyword; a callable whose first three parameters have other names
-    (and no ``**kwargs``) gets ``prompt, agent_completions, num_agents`` positionally instead. ``turn`` (the
-    0-based turn just generated) and ``branch`` (e.g. the joint-action path) only name the call in errors.
+    gets ``prompt, agent_completions, num_agents`` positionally instead, and the two histories go only to a
+    callable that declares them or takes ``**kwargs`` (:func:`_call_plan`). ``turn`` (the 0-based turn just
+    generated) and ``branch`` (e.g. the joint-action path) only name the call in errors.
 
     Returns:
         The N next-turn prompt strings (a new list).
@@ -70,12 +118,7 @@ def call_transition(
     p_hist = [list(h) for h in prompt_history_per_agent]
     r_hist = [list(h) for h in response_history_per_agent]
     try:
-        if _accepts_keywords(transition):
-            result = transition(prompt=prompt, agent_completions=completions, num_agents=num_agents,
-                                prompt_history_per_agent=p_hist, response_history_per_agent=r_hist)
-        else:
-            result = transition(prompt, completions, num_agents, prompt_history_per_agent=p_hist,
-                                response_history_per_agent=r_hist)
+        result = _invoke(transition, _call_plan(transition), (prompt, completions, num_agents, p_hist, r_hist))
     except TransitionError:
         raise
     except Exception as exc:

@@ -16,6 +16,7 @@ from torch import nn
 from comlrl_lightning.config import IACConfig, MAACConfig
 from comlrl_lightning.data.tasks_dm import TaskDataModule
 from comlrl_lightning.modules.actor_critic import ActorCriticModule
+from comlrl_lightning.multiturn.transitions import check_transition_signature
 from comlrl_lightning.trainers.base import TeamTrainer
 
 # CoMLRL's ``comlrl.trainers.actor_critic`` exports (docs/coming-from-comlrl.md); RolloutSample is internal here
@@ -61,6 +62,7 @@ class _ActorCriticTrainer(TeamTrainer):
         if self.args.num_turns > 1 and external_transition is None:
             raise ValueError(f"Multi-turn {self.algorithm_name} requires an external_transition (num_turns="
                              f"{self.args.num_turns}); pass external_transition=..., or set num_turns=1.")
+        check_transition_signature(external_transition)
         if agents is not None and isinstance(agent_model, nn.Module):
             agent_model = None
         self.module = ActorCriticModule(

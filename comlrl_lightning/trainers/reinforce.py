@@ -15,6 +15,7 @@ import lightning as L
 from comlrl_lightning.config import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
 from comlrl_lightning.data.tasks_dm import TaskDataModule
 from comlrl_lightning.modules.magrpo import MAGRPOModule, check_transition
+from comlrl_lightning.multiturn.transitions import check_transition_signature
 from comlrl_lightning.trainers.base import TeamTrainer
 
 # CoMLRL's ``comlrl.trainers.reinforce`` exports (docs/coming-from-comlrl.md)
@@ -62,6 +63,7 @@ class MAGRPOTrainer(TeamTrainer):
     ):
         self._init_args(args, agent_model, agents, reward_func, train_dataset, num_agents)
         check_transition(self.args, external_transition, self.algorithm_name)
+        check_transition_signature(external_transition)
         self.module = MAGRPOModule(agent_model=agent_model, agents=agents, tokenizer=tokenizer,
                                    model_config=model_config, lora=lora, args=self.args)
         self.module.algorithm_name = self.algorithm_name

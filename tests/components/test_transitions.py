@@ -9,6 +9,7 @@ import pytest
 from comlrl_lightning.multiturn.transitions import (
     TransitionError,
     call_transition,
+    check_transition_signature,
     next_prompts,
     plain_transition,
 )
@@ -47,6 +48,55 @@ def test_other_names_get_the_first_three_positionally_and_partial_works():
         return [mode] * num_agents
 
     assert call(functools.partial(with_mode, mode="plain")) == ["plain", "plain"]
+
+
+def test_the_histories_are_optional():
+    def three(prompt, agent_completions, num_agents):  # the seed calls the two histories optional
+        return [f"{prompt}|{c}" for c in agent_completions]
+
+    def renamed_three(p, comps, n):
+        return [p] * n
+
+    def one_history(prompt, agent_completions, num_agents, response_history_per_agent):
+        return [str(len(h)) for h in response_history_per_agent]
+
+    def renamed_with_kwargs(p, comps, n, **kwargs):
+        return [",".join(sorted(kwargs))] * n
+
+    for fn in (three, renamed_three, one_history, renamed_with_kwargs):
+        check_transition_signature(fn)  # accepted at construction
+    assert call(three) == ["task|a", "task|b"]
+    assert call(renamed_three) == ["task", "task"]
+    assert call(one_history) == ["1", "1"]
+    assert call(renamed_with_kwargs) == ["prompt_history_per_agent,response_history_per_agent"] * 2
+
+
+@pytest.mark.parametrize("fn, fragment", [
+    (lambda prompt: [prompt], "<lambda>(prompt) cannot be called as a transition (too many positional arguments)"),
+    (lambda a, b, c, mode: [a], "missing a required argument: 'mode'"),
+    (lambda prompt, agent_completions, *, turn_index: [prompt], "(too many positional arguments)"),
+])
+def test_a_signature_that_cannot_take_the_arguments_is_refused(fn, fragment):
+    with pytest.raises(ValueError, match="external_transition ") as exc:
+        check_transition_signature(fn)
+    assert fragment in str(exc.value) and "functools.partial" in str(exc.value)
+    with pytest.raises(ValueError, match="must be a callable; got int"):
+        check_transition_signature(3)
+
+
+def test_facades_refuse_a_bad_transition_at_construction():
+    from comlrl_lightning.config import IACConfig, MAGRPOConfig
+    from comlrl_lightning.trainers.actor_critic import IACTrainer
+    from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
+
+    def bad(prompt, agent_completions, num_agents, mode):
+        return [prompt] * num_agents
+
+    common = {"agent_model": "embedded:tiny", "train_dataset": [{"prompt": "p"}], "reward_func": lambda a, b: [0.0]}
+    with pytest.raises(ValueError, match=r"external_transition .*bad\(prompt, agent_completions, num_agents, mode\)"):
+        MAGRPOTrainer(**common, external_transition=bad, args=MAGRPOConfig(num_turns=2))
+    with pytest.raises(ValueError, match="missing a required argument: 'mode'"):
+        IACTrainer(**common, external_transition=bad, args=IACConfig(num_turns=2))
 
 
 @pytest.mark.parametrize("result,fragment", [
