@@ -449,7 +449,9 @@ def main(argv: list[str] | None = None) -> int:
         print(MISSING, file=sys.stderr)
         return 2
     import torch
+    import transformers
 
+    transformers.utils.logging.disable_progress_bar()
     job = job_of(args)
     start = time.perf_counter()
     uptime = os.popen("uptime").read().strip()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,19 @@ def test_arguments(bench):
                              "--model", "30m"])
     assert (args.jobs, args.repeats, args.rollout_buffer_size, args.learning, args.model) == (
         ["magrpo2"], 3, 10, True, "30m")
-    for bad in (["--repeats", "0"], ["--jobs", "marlhf"], ["--rollout-buffer-size", "0"], ["--model", "7b"]):
+    for bad in (["--repeats", "0"], ["--jobs", "marlhf"], ["--rollout-buffer-size", "0"], ["--model", "7b"],
+                ["--threads", "0"], ["--comlrl-threads", "0"], ["--agent-overlap", "maybe"]):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
+
+
+def test_each_library_gets_its_best_settings_unless_told(bench):
+    args = bench.parse_args([])  # the whole machine: CoMLRL every core, ours one thread per agent worker
+    assert (args.comlrl_threads, args.threads, args.agent_overlap) == (os.cpu_count() or 1, 1, "on")
+    assert bench.judged_on(args) == "wall"  # more than one thread in use: CPU seconds are not time to result
+    same = bench.parse_args(["--comlrl-threads", "1", "--agent-overlap", "off", "--threads", "1"])
+    assert bench.judged_on(same) == "cpu"
+    assert bench.TARGETS[("magrpo2", "30m")] == 2.5 and bench.TARGETS[("magrpo2", "tiny")] == 3.0
 
 
 def test_missing_comlrl_says_how_to_install_and_exits_2(bench, monkeypatch, capsys):
