@@ -81,6 +81,20 @@ class _KeepBestValAccuracy(L.Callback):
             pl_module.load_state_dict(self.state)
 
 
+class _PairCounts(L.Callback):
+    """Inner-fit callback: how many pairs the reward model trains on and how many are held out (the split is the
+    pair data module's, by whole prompt sets)."""
+
+    def __init__(self) -> None:
+        self.train: int | None = None
+        self.held_out = 0
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        dm = trainer.datamodule
+        self.train = len(getattr(dm, "train_pairs", None) or [])
+        self.held_out = len(getattr(dm, "eval_pairs", None) or [])
+
+
 class _RewardModelFitting(L.Callback):
     """Shared part: resolve the source, build a fresh model, fit it, log, wrap it as an oracle."""
 
@@ -149,10 +163,11 @@ class _RewardModelFitting(L.Callback):
         device = self.device(pl_module)
         kwargs = {**_inner_trainer_kwargs(device, trainer), **self.trainer_kwargs}
         dm_kwargs: dict[str, Any] = {"seed": seed}
-        best = _KeepBestValAccuracy()
+        best, counts = _KeepBestValAccuracy(), _PairCounts()
+        kwargs["callbacks"] = [*kwargs.get("callbacks", []), counts]
         if self.val_fraction and len(pairs) >= 2:
             dm_kwargs["val_fraction"] = self.val_fraction
-            kwargs["callbacks"] = [*kwargs.get("callbacks", []), best]
+            kwargs["callbacks"].append(best)
         metrics = rm_module.fit_reward_model(model, pairs, trainer_kwargs=kwargs, **dm_kwargs)
         model.to(device)  # the inner Trainer's teardown may have moved it to the CPU
         model.eval()
@@ -168,7 +183,9 @@ class _RewardModelFitting(L.Callback):
         self.history.append(out)
         log_metrics(trainer, out)
         acc = out.get("train/reward_model/accuracy")
-        rank_zero_info(f"Reward model fitted on {len(pairs)} pairs ({model.args.reward_num_train_epochs} epoch(s))"
+        trained = len(pairs) if counts.train is None else counts.train
+        split = f" ({counts.held_out} more held out for validation)" if counts.held_out else ""
+        rank_zero_info(f"Reward model fitted on {trained} pairs{split} ({model.args.reward_num_train_epochs} epoch(s))"
                        + (f"; last-step train accuracy {acc:.3f}" if acc is not None else "")
                        + (f", held-out accuracy {out['reward_model/val_accuracy']:.3f} (best epoch kept)"
                           if "reward_model/val_accuracy" in out else "") + ".")
