@@ -16,6 +16,9 @@ Failures: :func:`gather_round` runs a rank's share of a round and gathers a stat
 exception on one rank stops every rank at the same point with a :class:`RankFailure` naming the rank and the
 round, instead of the others waiting in the gather (docs/scaling.md, section 5).
 
+Gradients: :func:`average_gradients` averages one optimizer's gradients over the ranks, the reduction the team
+modules run under DDP at each agent's own step instead of DDP's per-backward hooks (docs/scaling.md, "Strategies").
+
 Without an initialized process group (one process, tests, notebooks) every function here is the identity
 of the single-rank case; nothing imports Lightning.
 """
@@ -24,6 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+import torch
+
+#: Largest flat buffer of :func:`average_gradients`, in elements (64 MiB of float32): a bigger agent is reduced in
+#: several buckets, so the transient copy stays bounded whatever the model size.
+GRADIENT_BUCKET_NUMEL = 16 * 1024 * 1024
 
 #: Distance between the seeds of two ranks (a prime far above the per-agent offsets used by the streams).
 RANK_SEED_STRIDE = 1_000_000_007
@@ -150,3 +159,51 @@ def per_rank_entry(states: Any, rank: int, world_size: int, what: str) -> Any:
             f"resumes only with the same world size: relaunch with {len(states)} processes in total (devices x "
             "num_nodes), or start a new run from the exported agents.")
     return states[rank]
+
+
+def average_gradients(params: list[torch.Tensor], world_size: int, bucket_numel: int = GRADIENT_BUCKET_NUMEL) -> int:
+    """Average the ``.grad`` of ``params`` over the ranks, in place, and return the number of ``all_reduce`` calls.
+
+    A collective: every rank calls it with the same parameters (same order, shapes, dtypes, devices), e.g. those of
+    one agent's optimizer just before its step. The gradients are copied into flat buckets (one per device and
+    dtype, split at ``bucket_numel`` elements), summed with one ``all_reduce`` per bucket and divided by
+    ``world_size``: DDP's average. Each bucket also carries one flag per parameter, so that a parameter with no
+    gradient on some ranks counts as zero there (as DDP with ``find_unused_parameters``), and a parameter with no
+    gradient on every rank keeps ``grad=None`` (the optimizer skips it, as it would in one process). With one rank
+    (or no process group) nothing happens.
+    """
+    if not _group_ready(world_size):
+        return 0
+    import torch.distributed as dist
+
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for p in params:
+        groups.setdefault((p.device, p.dtype), []).append(p)
+    calls = 0
+    for (device, dtype), members in groups.items():
+        start = 0
+        while start < len(members):
+            bucket, size = [], 0
+            while start < len(members) and (not bucket or size + members[start].numel() <= bucket_numel):
+                bucket.append(members[start])
+                size += members[start].numel()
+                start += 1
+            parts = [p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=dtype,
+                                                                                          device=device)
+                     for p in bucket]
+            flags = torch.tensor([p.grad is not None for p in bucket], dtype=dtype, device=device)
+            flat = torch.cat([*parts, flags])
+            dist.all_reduce(flat)
+            calls += 1
+            flat[:size].div_(world_size)
+            offset = 0
+            for p, used in zip(bucket, flat[size:].tolist()):
+                n = p.numel()
+                if used > 0:
+                    reduced = flat[offset:offset + n].view_as(p)
+                    if p.grad is None:
+                        p.grad = reduced.clone()
+                    else:
+                        p.grad.copy_(reduced)
+                offset += n
+    return calls

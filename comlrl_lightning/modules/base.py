@@ -14,6 +14,11 @@
   ``args.agent_overlap``, docs/architecture.md "Devices"): told after every agent
   optimizer step that the agent's weights changed (the engine applies it before its next generation) and after a
   checkpoint restore; a non-HF engine is closed at the end of fit/validate/test, on exceptions and on Ctrl-C;
+* multi-process runs (docs/scaling.md, "Strategies"): under DDP every backward runs without DDP's gradient hooks
+  and each optimizer's gradients are averaged over the ranks at its own step (:meth:`averages_own_gradients`), so
+  ``strategy="ddp"`` needs no unused-parameter search; strategies the modules cannot run and launches whose
+  process counts disagree with ``devices`` / ``num_nodes`` are refused before the first collective
+  (:func:`~comlrl_lightning.strategies.preflight`);
 * ``validate`` / ``test`` (``comlrl-lightning validate --config X``): the data module's ``eval_items`` (its
   ``val_dataloader``; the first ``args.eval_num_samples``), scored with the task reward through :meth:`evaluate`,
   logged as ``val/...`` / ``test/...`` (e.g. ``val/reward_mean``); ``predict`` is refused with a message;
@@ -39,6 +44,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.strategies import SingleDeviceStrategy, Strategy
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from comlrl_lightning.agents import AgentTeam, build_agents
 from comlrl_lightning.config import CONFIG_CLASSES
@@ -52,12 +58,13 @@ from comlrl_lightning.devices import (
     resolve_devices,
     update_groups,
 )
-from comlrl_lightning.distributed import gather_objects, per_rank_entry, rank_seed, world
+from comlrl_lightning.distributed import average_gradients, gather_objects, per_rank_entry, rank_seed, world
 from comlrl_lightning.engines import build_engine
 from comlrl_lightning.evaluation import evaluate_team
 from comlrl_lightning.files import state_digest
 from comlrl_lightning.generation import SamplingSettings, SamplingStream
 from comlrl_lightning.overlap import MainThread, run_jobs
+from comlrl_lightning.strategies import preflight
 
 # Every module saves its ``args`` config object among its hyper-parameters, and Lightning's fit(ckpt_path=...)
 # loads checkpoints with ``weights_only=True``: the config classes are allow-listed once, here.
@@ -263,6 +270,7 @@ class TeamModuleBase(L.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Agent i's optimizer is about to step: its weights change, so the engine must re-read them before its
         next generation (optimizers after the agents', e.g. critics, change nothing the engine serves)."""
+        self._average_before_step(optimizer)
         engine = self.team.engine
         if engine is None or self._trainer is None:
             return
@@ -273,7 +281,14 @@ class TeamModuleBase(L.LightningModule):
             engine.sync([index])
 
     def configure_callbacks(self) -> list:
-        """A non-HF engine's shutdown hooks (teardown, exceptions, Ctrl-C); nothing with the HF engine."""
+        """A non-HF engine's shutdown hooks (teardown, exceptions, Ctrl-C); nothing with the HF engine.
+
+        Lightning calls this hook first in ``fit`` / ``validate`` / ``test``, before it initializes the process
+        group: the strategy and the launch are checked here (:func:`~comlrl_lightning.strategies.preflight`), so a
+        refused strategy or a process count that disagrees with ``devices`` / ``num_nodes`` is an error on every
+        process instead of a hang."""
+        if self._trainer is not None:
+            preflight(self._trainer, self)
         engine = self.team.engine
         if engine is None or getattr(engine, "name", "hf") == "hf":
             return []
@@ -322,6 +337,56 @@ class TeamModuleBase(L.LightningModule):
         schedulers = self.scheduler_list()
         if agent < len(schedulers):
             schedulers[agent].step()
+
+    # --- DDP: each optimizer's gradients averaged at its own step (docs/scaling.md, "Strategies") ------------
+    def averages_own_gradients(self) -> bool:
+        """True when the fit runs under a DDP wrapper (any ``DDPStrategy``, ``strategy="ddp"`` included). Then
+        :meth:`manual_backward` runs every backward under the wrapper's ``no_sync()`` (DDP's hooks, which expect
+        every parameter of the module in each backward, stay idle) and each optimizer's gradients are averaged over
+        the ranks just before its step (:meth:`on_before_optimizer_step`) or its gradient clipping
+        (:meth:`clip_gradients`), by :func:`~comlrl_lightning.distributed.average_gradients`: one all-reduce per
+        agent step (per bucket of 16M elements), over that agent's parameters only, so every rank steps the same
+        weights without DDP's unused-parameter search. Gradient accumulation reduces once per step."""
+        trainer = self._trainer
+        return trainer is not None and isinstance(trainer.strategy.model, DistributedDataParallel)
+
+    def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Lightning's ``manual_backward``; under DDP without DDP's gradient sync (:meth:`averages_own_gradients`)."""
+        if not self.averages_own_gradients():
+            super().manual_backward(loss, *args, **kwargs)
+            return
+        with self.trainer.strategy.model.no_sync():
+            super().manual_backward(loss, *args, **kwargs)
+
+    def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
+                       gradient_clip_algorithm: str | None = None) -> None:
+        """Lightning's ``clip_gradients``, on the gradients averaged over the ranks (:meth:`averages_own_gradients`):
+        the norm is the global one, as under DDP."""
+        raw = getattr(optimizer, "_optimizer", optimizer)
+        if self.averages_own_gradients():
+            self._average_gradients(raw)
+            self._averaged_optimizer = raw
+        super().clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                               gradient_clip_algorithm=gradient_clip_algorithm)
+
+    def _average_before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Average ``optimizer``'s gradients unless :meth:`clip_gradients` did since its last step."""
+        averaged, self._averaged_optimizer = getattr(self, "_averaged_optimizer", None), None
+        if averaged is optimizer or not self.averages_own_gradients():
+            return
+        self._average_gradients(optimizer)
+        scaler = getattr(self.trainer.strategy.precision_plugin, "scaler", None)
+        if scaler is not None:  # 16-mixed: unscale_ looked for inf/nan in this rank's gradients; every rank must
+            import torch.distributed as dist  # agree to skip the step, as DDP's (reduced) gradients would
+
+            state = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer), {})
+            for found in state.get("found_inf_per_device", {}).values():
+                dist.all_reduce(found, op=dist.ReduceOp.MAX)
+
+    def _average_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        params = list({id(p): p for group in optimizer.param_groups for p in group["params"]
+                       if p.requires_grad}.values())
+        average_gradients(params, self.trainer.world_size)
 
     # --- the agents' updates at the same time (agent_overlap; docs/architecture.md "Devices") --------------
     def overlap_blocker(self) -> str | None:

@@ -1,0 +1,155 @@
+"""What a team module checks before Lightning starts its processes talking: the strategy and the launch
+(docs/scaling.md, "Strategies" and "Launching").
+
+* :func:`check_strategy`: the strategies the team modules cannot run are refused with the route that works.
+  DeepSpeed (Lightning's ``DeepSpeedStrategy`` takes one optimizer; the modules keep one per agent) and FSDP1
+  (``strategy="fsdp"``: manual optimization under ``FSDPStrategy`` is an open Lightning bug, Lightning-AI/
+  pytorch-lightning#19685). ``ModelParallelStrategy`` (FSDP2) needs ``configure_model``, which the modules do not
+  implement yet: refused too, with the same pointer.
+* :func:`check_launch`: the process counts SLURM (``SLURM_NTASKS``, ``SLURM_NTASKS_PER_NODE``, ``SLURM_NNODES``)
+  or torchrun (``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``) started, against the trainer's ``devices`` and ``num_nodes``.
+  A mismatch makes some ranks wait for processes that never come (Lightning-AI/pytorch-lightning#20391, #19883);
+  here it is an error naming both values and the fix, raised by every process the same way, before the first
+  collective.
+
+:func:`preflight` runs both; :meth:`~comlrl_lightning.modules.base.TeamModuleBase.configure_callbacks` calls it,
+the first module hook Lightning runs in ``fit`` / ``validate`` / ``test`` (before it initializes the process
+group).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+#: What every refusal points to (docs/scaling.md, "Strategies").
+ROUTES = (
+    "What works today: strategy=\"ddp\" (every rank holds every agent; each agent's gradients are averaged at its own "
+    "step), or LoRA agents on one shared frozen base (lora=..., one adapter and one optimizer per agent), which fits "
+    "several agents on one GPU. Sharding full agents across ranks is planned through FSDP2 (Lightning's "
+    "ModelParallelStrategy with configure_model) and is not built yet. See docs/scaling.md, \"Strategies\".")
+
+
+def _class_names(obj: Any) -> set[str]:
+    return {c.__name__ for c in type(obj).__mro__}
+
+
+def strategy_refusal(strategy: Any, module: Any = None) -> str | None:
+    """Why ``strategy`` (a Lightning strategy object) cannot run a team module, else None. Classes are matched by
+    name along the MRO, so the check needs neither DeepSpeed nor a GPU, and subclasses are caught too."""
+    names = _class_names(strategy)
+    if "DeepSpeedStrategy" in names:
+        return (f"strategy={type(strategy).__name__} (DeepSpeed) is not supported: the team modules drive one "
+                "optimizer per agent by hand (manual optimization), and Lightning's DeepSpeedStrategy accepts a "
+                f"single optimizer (\"DeepSpeed currently only supports single optimizer\"). {ROUTES}")
+    if "FSDPStrategy" in names:
+        return (f"strategy={type(strategy).__name__} (strategy=\"fsdp\", FSDP1) is not supported: FSDP1 with "
+                "manual optimization, which the team modules use (one optimizer per agent), is an open Lightning "
+                f"bug (Lightning-AI/pytorch-lightning#19685). {ROUTES}")
+    if "ModelParallelStrategy" in names and module is not None and not _overrides_configure_model(module):
+        return (f"strategy={type(strategy).__name__} (FSDP2) needs the module to shard its models in "
+                f"configure_model(), which {type(module).__name__} does not implement yet. {ROUTES}")
+    return None
+
+
+def _overrides_configure_model(module: Any) -> bool:
+    import lightning as L
+
+    return type(module).configure_model is not L.LightningModule.configure_model
+
+
+def check_strategy(strategy: Any, module: Any = None) -> None:
+    """Raise ``ValueError`` with :func:`strategy_refusal`'s message when there is one."""
+    reason = strategy_refusal(strategy, module)
+    if reason is not None:
+        raise ValueError(reason)
+
+
+def _tasks_per_node(value: str) -> list[int]:
+    """SLURM's ``SLURM_NTASKS_PER_NODE`` / ``SLURM_TASKS_PER_NODE`` syntax, e.g. ``"4"``, ``"2(x3)"`` or
+    ``"2(x2),1"``: the task count of every node."""
+    counts: list[int] = []
+    for part in value.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if m is None:
+            raise ValueError(f"SLURM_NTASKS_PER_NODE={value!r} is not SLURM's task-count syntax (e.g. '4' or '2(x3)').")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+def _int(environ: Mapping[str, str], name: str) -> int | None:
+    value = environ.get(name)
+    if value is None or value.strip() == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} in the environment is not a whole number.") from None
+
+
+def launch_mismatches(devices: int, num_nodes: int, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Every disagreement between the trainer's ``devices`` (processes per node) and ``num_nodes`` and what the
+    launcher in ``environ`` (default ``os.environ``) started; each message names both values and the fix.
+
+    * SLURM (``SLURM_NTASKS`` set, and not an interactive ``salloc`` shell, job name ``bash`` or ``interactive``,
+      where Lightning ignores SLURM too): ``SLURM_NTASKS_PER_NODE`` (every node's count) must equal ``devices``,
+      ``SLURM_NNODES`` must equal ``num_nodes``, ``SLURM_NTASKS`` must equal ``devices * num_nodes``.
+    * torchrun or any launcher that sets them: ``LOCAL_WORLD_SIZE`` must equal ``devices`` and ``WORLD_SIZE``
+      ``devices * num_nodes``.
+    """
+    env = os.environ if environ is None else environ
+    devices, num_nodes = int(devices), int(num_nodes)
+    total = devices * num_nodes
+    out = []
+    slurm = "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+    if slurm:
+        per_node = env.get("SLURM_NTASKS_PER_NODE")
+        if per_node:
+            counts = sorted(set(_tasks_per_node(per_node)))
+            if counts != [devices]:
+                fix = (f"set devices={counts[0]} or launch with --ntasks-per-node={devices}" if len(counts) == 1 else
+                       f"give every node the same number of tasks (--ntasks-per-node={devices})")
+                out.append(f"SLURM starts {per_node} task(s) per node (SLURM_NTASKS_PER_NODE={per_node}) but the "
+                           f"trainer has devices={devices} (processes per node): {fix}.")
+        nnodes = _int(env, "SLURM_NNODES")
+        if nnodes is not None and nnodes != num_nodes:
+            out.append(f"SLURM allocated SLURM_NNODES={nnodes} node(s) but the trainer has num_nodes={num_nodes}: set "
+                       f"num_nodes={nnodes} or launch with --nodes={num_nodes}.")
+        ntasks = _int(env, "SLURM_NTASKS")
+        if ntasks is not None and ntasks != total:
+            out.append(f"SLURM starts SLURM_NTASKS={ntasks} process(es) in all but the trainer expects devices x "
+                       f"num_nodes = {devices} x {num_nodes} = {total}: launch with --nodes={num_nodes} "
+                       f"--ntasks-per-node={devices} (one task per device), or set devices and num_nodes to match.")
+    local = _int(env, "LOCAL_WORLD_SIZE")
+    if local is not None and local != devices:
+        out.append(f"The launcher started LOCAL_WORLD_SIZE={local} process(es) on this node but the trainer has "
+                   f"devices={devices}: set devices={local} or launch with torchrun --nproc-per-node={devices}.")
+    world_size = _int(env, "WORLD_SIZE")
+    if world_size is not None and world_size != total:
+        out.append(f"The launcher started WORLD_SIZE={world_size} process(es) in all but the trainer expects devices "
+                   f"x num_nodes = {devices} x {num_nodes} = {total}: set num_nodes to the number of nodes and "
+                   "devices to the processes per node, or launch with torchrun "
+                   f"--nnodes={num_nodes} --nproc-per-node={devices}.")
+    return out
+
+
+def check_launch(devices: int, num_nodes: int, environ: Mapping[str, str] | None = None) -> None:
+    """Raise ``ValueError`` listing every :func:`launch_mismatches` entry (nothing when the counts agree)."""
+    problems = launch_mismatches(devices, num_nodes, environ)
+    if problems:
+        raise ValueError("The launch does not match the trainer, so some processes would wait forever for ranks "
+                         "that never start. " + " ".join(problems) + " See docs/scaling.md, \"Launching\".")
+
+
+def preflight(trainer: Any, module: Any = None) -> None:
+    """:func:`check_strategy` of ``trainer.strategy``, then :func:`check_launch` of ``trainer.num_devices`` /
+    ``trainer.num_nodes`` when the trainer expects several processes or torchrun started this one
+    (``TORCHELASTIC_RUN_ID``). A single-process trainer is not checked otherwise: ``srun`` may start independent
+    single-device runs on purpose, and Lightning's own launcher leaves ``WORLD_SIZE`` in its process's
+    environment after a multi-process fit."""
+    check_strategy(trainer.strategy, module)
+    devices, num_nodes = int(trainer.num_devices), int(trainer.num_nodes)
+    if devices * num_nodes > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
+        check_launch(devices, num_nodes)
