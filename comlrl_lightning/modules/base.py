@@ -275,10 +275,16 @@ class TeamModuleBase(L.LightningModule):
         if engine is None or self._trainer is None:
             return
         index = next((i for i, opt in enumerate(self.trainer.optimizers) if opt is optimizer), None)
-        if index is None:
-            engine.sync(None)
-        elif index < self.team.num_agents:
-            engine.sync([index])
+        agents = None if index is None else [index] if index < self.team.num_agents else []
+        if agents == []:
+            return
+        try:
+            engine.sync(agents)
+        except Exception as exc:
+            who = "every agent" if agents is None else f"agent {index}"
+            raise RuntimeError(f"The {type(engine).__name__}'s weight sync of {who} failed before optimizer step "
+                               f"{self.trainer.global_step + 1} ({type(exc).__name__}: {exc}); the run stops rather "
+                               "than sample with stale weights (docs/engines.md, \"Verification\").") from exc
 
     def configure_callbacks(self) -> list:
         """A non-HF engine's shutdown hooks (teardown, exceptions, Ctrl-C); nothing with the HF engine.
