@@ -61,11 +61,19 @@ class SamplingStream:
 
 @dataclass
 class Samples:
-    """Completions for a list of prompts: ``[prompt][candidate]`` ids, lengths and texts."""
+    """Completions for a list of prompts: ``[prompt][candidate]`` ids, lengths and texts.
+
+    ``logprobs``: ``[prompt][candidate][token]`` the engine's log-prob of each completion token under the raw model
+    (before temperature and top-k/top-p), aligned with ``completion_ids``; None when the engine cannot report them.
+    ``version``: how many weight updates (syncs) of the agent the engine had applied when it sampled; None when
+    unknown. Both serve the weight-sync verification (docs/engines.md, "Verification").
+    """
 
     prompt_ids: list[list[int]]
     completion_ids: list[list[list[int]]]
     texts: list[list[str]]
+    logprobs: list[list[list[float]]] | None = None
+    version: int | None = None
 
 
 def context_limit(model: Any, tokenizer: Any) -> int | None:
@@ -162,6 +170,7 @@ class StreamSampler:
     def __init__(self, gen_kwargs: dict, generator: torch.Generator):
         from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+        self.logprobs: list[torch.Tensor] = []  # per step: [rows] log p(drawn token) under the unwarped scores
         temperature, top_k, top_p = gen_kwargs.get("temperature"), gen_kwargs.get("top_k"), gen_kwargs.get("top_p")
         self.warpers: list[Any] = []
         if temperature is not None and temperature != 1.0:
@@ -177,6 +186,8 @@ class StreamSampler:
         for warper in self.warpers:
             warped = warper(input_ids, warped)
         token = torch.multinomial(torch.softmax(warped, dim=-1), num_samples=1, generator=self.generator)
+        self.logprobs.append((scores.float().gather(1, token) - torch.logsumexp(scores.float(), -1, keepdim=True))
+                             .squeeze(1).cpu())
         return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
 
 
@@ -293,6 +304,7 @@ def sample_completions(
     gen_kwargs = generate_kwargs(settings, num_candidates, pad_id, eos_id)
     user_processors = list(gen_kwargs.pop("logits_processor", None) or [])
     generated: list[list[int]] = []
+    logprobs: list[list[float]] | None = [] if own else None  # per row, per step (own sampler only)
     was_training = model.training
     model.eval()
     try:
@@ -306,6 +318,8 @@ def sample_completions(
                     sampler = StreamSampler(gen_kwargs, torch.Generator(device=device).manual_seed(seed))
                     out = model.generate(**enc, **{**gen_kwargs, **_NEUTRAL},
                                          logits_processor=LogitsProcessorList([*user_processors, sampler]))
+                    steps = torch.stack(sampler.logprobs, 1) if sampler.logprobs else torch.zeros(len(out), 0)
+                    logprobs += steps.tolist()
                 else:
                     _seed_global(device, seed)
                     extra = {"logits_processor": user_processors} if user_processors else {}
@@ -317,4 +331,8 @@ def sample_completions(
                       for p in range(len(prompts))]
     with _TOKENIZER_LOCK:
         texts = [[tokenizer.decode(ids, skip_special_tokens=True) for ids in rows] for rows in completion_ids]
-    return Samples(prompt_ids=prompt_ids, completion_ids=completion_ids, texts=texts)
+    row_logprobs = None
+    if logprobs is not None:
+        row_logprobs = [[logprobs[p * num_candidates + c][:len(completion_ids[p][c])] for c in range(num_candidates)]
+                        for p in range(len(prompts))]
+    return Samples(prompt_ids=prompt_ids, completion_ids=completion_ids, texts=texts, logprobs=row_logprobs)

@@ -142,3 +142,22 @@ def sequence_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> to
     (logits of the scored positions only: :func:`scored_token_logps`)."""
     per_token, _ = scored_token_logps(model, batch)
     return (per_token * batch["score_mask"].to(per_token.dtype)).sum(-1)
+
+
+def logprob_gap(token_logps: torch.Tensor, score_mask: torch.Tensor, engine_logps: Sequence[Sequence[float]]
+                ) -> tuple[float, int]:
+    """Σ |log π_trainer(t) − log π_engine(t)| over the scored tokens of every row, and their count.
+
+    ``token_logps`` [R, L] and ``score_mask`` [R, L] as :func:`build_scoring_batch` lays them out (row r's scored
+    positions are contiguous and in completion order); ``engine_logps[r]`` the engine's log-probs of row r's
+    completion tokens from the first one on (only the first ``score_mask[r].sum()`` are used). The mean gap is
+    the sum over the count (docs/engines.md, "Verification").
+    """
+    total, count = 0.0, 0
+    for r, engine in enumerate(engine_logps):
+        mine = token_logps[r][score_mask[r].bool()].detach().float().cpu()
+        n = min(len(mine), len(engine))
+        if n:
+            total += float((mine[:n] - torch.tensor(list(engine[:n]), dtype=torch.float32)).abs().sum())
+            count += n
+    return total, count

@@ -30,7 +30,12 @@ from comlrl_lightning.config.devices import check_device_list, check_devices_exi
 from comlrl_lightning.config.iterative import _IterativePreferenceOptions
 from comlrl_lightning.config.preference import MADPOConfig
 from comlrl_lightning.config.reference_kl import check_reference_devices
-from comlrl_lightning.config.rollout import GenerationBatchOptions, check_generation_batch_size
+from comlrl_lightning.config.rollout import (
+    EngineCheckOptions,
+    GenerationBatchOptions,
+    check_generation_batch_size,
+    check_logprob_gap_threshold,
+)
 from comlrl_lightning.config.sampling import NumGenerationsOptions, check_num_generations
 
 if TYPE_CHECKING:  # imported when used: reward_model imports this package's checks
@@ -90,7 +95,8 @@ class CriticModelOptions:
 
 @dataclass
 class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardModelFields, NumGenerationsOptions,
-                   RLAlgorithmOptions, GenerationBatchOptions, MADPOConfig):
+                   RLAlgorithmOptions, EngineCheckOptions, GenerationBatchOptions,
+                   MADPOConfig):
     """Options of the MARLHF trainer: MADPO's (docs/preference.md §2.1) plus docs/preference.md §2.2.
 
     ``advantage_mode`` is forced from ``rl_algorithm`` (magrpo→mean, mareinforce→raw, maremax→max,
@@ -124,6 +130,7 @@ class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardMo
         else:
             check_num_generations(self, 1)
         check_generation_batch_size(self)
+        check_logprob_gap_threshold(self)
         if self.reward_model_name is not None and not isinstance(self.reward_model_name, str):
             raise _bad("reward_model_name must be provided when agent models are objects.", self.reward_model_name,
                        "a hub id, a local folder or 'embedded:tiny' (a string), or null")

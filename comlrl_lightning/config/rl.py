@@ -15,12 +15,14 @@ from comlrl_lightning.config.devices import DeviceOptions, check_device_list, no
 from comlrl_lightning.config.reference_kl import ReferenceKLOptions, check_reference_devices, check_reference_kl_coef
 from comlrl_lightning.config.rollout import (
     AdvantageModeOptions,
+    EngineCheckOptions,
     GenerationBatchOptions,
     RolloutOptions,
     check_advantage_mode,
     check_discount,
     check_early_termination_threshold,
     check_generation_batch_size,
+    check_logprob_gap_threshold,
 )
 from comlrl_lightning.config.sampling import (
     JointModeOptions,
@@ -42,8 +44,8 @@ from comlrl_lightning.config.training import (
 
 @dataclass
 class MAGRPOConfig(SeedOptions, ReferenceKLOptions, AdvantageModeOptions, BatchOptions, JointModeOptions,
-                   GenerationBatchOptions, RolloutOptions, SamplingOptions, NumGenerationsOptions, DeviceOptions,
-                   TrainingOptions):
+                   EngineCheckOptions, GenerationBatchOptions, RolloutOptions, SamplingOptions, NumGenerationsOptions,
+                   DeviceOptions, TrainingOptions):
     """Options of the MAGRPO trainer (and, through the subclasses, MAREINFORCE / MARLOO / MAReMax)."""
 
     _method = "MAGRPO"
@@ -63,6 +65,7 @@ class MAGRPOConfig(SeedOptions, ReferenceKLOptions, AdvantageModeOptions, BatchO
         check_agent_learning_rate(self)
         check_discount(self)
         check_generation_batch_size(self)
+        check_logprob_gap_threshold(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-type dict of every option (for logging and checkpoints)."""

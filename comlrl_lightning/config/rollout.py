@@ -39,6 +39,16 @@ class GenerationBatchOptions:
 
 
 @dataclass
+class EngineCheckOptions:
+    """The weight-sync verification of the RL trainers (docs/engines.md, "Verification")."""
+
+    logprob_gap_threshold: float | None = 0.05
+    """Stop the run when, on an update's first minibatch, the mean absolute gap between the engine's log-probs of
+    the sampled tokens and the trainer's exceeds this (nats per token): the engine sampled with weights other than
+    the trainer's. None turns the check off (the gap is still logged as ``engine/agent_{i}/logprob_gap``)."""
+
+
+@dataclass
 class AdvantageModeOptions:
     """Baseline of the MAGRPO family."""
 
@@ -78,3 +88,11 @@ def check_generation_batch_size(cfg: Any) -> None:
     if value is not None and (not is_int(value) or value < 1):
         raise _bad("generation_batch_size must be null (the update window) or an integer >= 1.", value,
                    "null or integers >= 1")
+
+
+def check_logprob_gap_threshold(cfg: Any) -> None:
+    """``logprob_gap_threshold``: None (off) or a number > 0."""
+    value = cfg.logprob_gap_threshold
+    if value is not None and (not is_number(value) or value <= 0):
+        raise _bad("logprob_gap_threshold must be a number > 0 (nats per token) or null (no check).", value,
+                   "numbers > 0, e.g. 0.05, or null")

@@ -37,14 +37,17 @@ class HFEngine:
 
     def __init__(self, team: Any, max_batch_rows: int = 256, overlap: Any = "auto"):
         self.team = team
+        self.applied = [0] * team.num_agents  # syncs per agent: the live weights include every one at once
         self.max_batch_rows = max_batch_rows
         self.overlap = normalize_agent_overlap(overlap)
 
     def sample(self, agent_index: int, prompts: Sequence[str], num_candidates: int, settings: SamplingSettings,
                stream: SamplingStream) -> Samples:
         with self.team.activate(agent_index) as model:
-            return sample_completions(model, self.team.tokenizers[agent_index], list(prompts), num_candidates,
-                                      settings, stream, max_batch_rows=self.max_batch_rows)
+            out = sample_completions(model, self.team.tokenizers[agent_index], list(prompts), num_candidates,
+                                     settings, stream, max_batch_rows=self.max_batch_rows)
+        out.version = self.applied[agent_index]
+        return out
 
     def workers(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[list[int]]:
         """The requests grouped by the thread that serves them (:func:`~comlrl_lightning.devices.overlap_groups`
@@ -70,8 +73,14 @@ class HFEngine:
     def _serve(self, request: SampleRequest, settings: SamplingSettings, main: MainThread) -> Samples:
         return self.sample(request.agent_index, request.prompts, request.num_candidates, settings, request.stream)
 
+    def weight_version(self, agent_index: int) -> int:
+        """The number of weight updates of agent ``agent_index`` the engine was told about (:meth:`sync`)."""
+        return self.applied[agent_index]
+
     def sync(self, agent_indices: Sequence[int] | None = None) -> None:
-        """Nothing to do: ``generate`` runs on the live weights."""
+        """Nothing to load: ``generate`` runs on the live weights; only the agents' weight versions advance."""
+        for i in range(self.team.num_agents) if agent_indices is None else agent_indices:
+            self.applied[i] += 1
 
     def close(self) -> None:
         """Nothing to release."""

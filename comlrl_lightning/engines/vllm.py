@@ -181,6 +181,10 @@ class VLLMEngine:
         self.servers: list[_Server] = []
         self.server_of: dict[int, _Server] = {}
         self.stale: set[int] = set(range(team.num_agents))
+        # weight versions (docs/engines.md, "Verification"): syncs asked for per agent, and how many of them the
+        # served weights include (a sample reports the latter)
+        self.requested = [0] * team.num_agents
+        self.applied = [0] * team.num_agents
         self._next_lora_id = 1
         self._version = 0
         self._shm_before: set[str] = set()
@@ -223,6 +227,8 @@ class VLLMEngine:
                 for i in server.agents:
                     self.server_of[i] = server
             self.stale = set(range(self.team.num_agents)) if self.lora else set()
+            if not self.lora:  # the saved folders hold the current weights
+                self.applied = list(self.requested)
         except BaseException:
             self.close()
             raise
@@ -310,18 +316,29 @@ class VLLMEngine:
             pass
 
     # --- weights --------------------------------------------------------------------------------------------
+    def weight_version(self, agent_index: int) -> int:
+        """The number of weight updates of agent ``agent_index`` the engine was told about (:meth:`sync`); samples
+        report how many of them the served weights include."""
+        return self.requested[agent_index]
+
     def sync(self, agent_indices: Sequence[int] | None = None) -> None:
         """Mark agents stale (None: all); their weights are pushed before the next generation."""
-        self.stale.update(range(self.team.num_agents) if agent_indices is None else agent_indices)
+        agents = range(self.team.num_agents) if agent_indices is None else agent_indices
+        self.stale.update(agents)
+        for i in agents:
+            self.requested[i] += 1
 
     def _push(self, agents: Sequence[int]) -> None:
         for i in sorted(set(agents) & self.stale):
             server = self.server_of[i]
             if self.lora:
                 self._push_adapter(server, i)
+                self.applied[i] = self.requested[i]
             else:
                 self._push_full(server)
                 self.stale.difference_update(server.agents)
+                for j in server.agents:
+                    self.applied[j] = self.requested[j]
             self.stale.discard(i)
 
     def _push_adapter(self, server: _Server, agent: int) -> None:
@@ -368,7 +385,10 @@ class VLLMEngine:
         self._check(requests)
         self.start()
         self._push([r.agent_index for r in requests])
-        return self._serve(requests, settings, lambda server, agent: server.loras.get(agent))
+        out = self._serve(requests, settings, lambda server, agent: server.loras.get(agent))
+        for r, s in zip(requests, out):
+            s.version = self.applied[r.agent_index]
+        return out
 
     def engine_for(self, team: Any) -> VLLMEngine:
         """A new engine, with this engine's settings, for another team that is not trained (e.g. a ``model``
@@ -410,6 +430,7 @@ class VLLMEngine:
             seeds = row_seeds(r.stream.next_seed(), len(ids) * r.num_candidates)
             encoded.append((ids, seeds))
         outputs: list[list[list[int]]] = [[] for _ in requests]
+        logprobs: list[list[list[float]]] = [[] for _ in requests]
         for server in self.servers:
             mine = [q for q, r in enumerate(requests) if r.agent_index in server.agents]
             if not mine:
@@ -428,7 +449,9 @@ class VLLMEngine:
             kwargs = {"lora_request": loras} if self.lora else {}
             results = self._call(server, server.llm.generate, prompts, params, use_tqdm=False, **kwargs)
             for q, res in zip(owners, results):
-                outputs[q].append(list(res.outputs[0].token_ids))
+                completion = res.outputs[0]
+                outputs[q].append(list(completion.token_ids))
+                logprobs[q].append(_sampled_logprobs(completion))
         out = []
         for q, r in enumerate(requests):
             tok = self.team.tokenizers[r.agent_index]
@@ -436,7 +459,10 @@ class VLLMEngine:
             k = r.num_candidates
             rows = [[cut_at_pad(outputs[q][p * k + c], tok.pad_token_id) for c in range(k)] for p in range(len(ids))]
             texts = [[tok.decode(c, skip_special_tokens=True) for c in row] for row in rows]
-            out.append(Samples(prompt_ids=[list(x) for x in ids], completion_ids=rows, texts=texts))
+            lps = [[None if logprobs[q][p * k + c] is None else logprobs[q][p * k + c][:len(rows[p][c])]
+                     for c in range(k)] for p in range(len(ids))]
+            out.append(Samples(prompt_ids=[list(x) for x in ids], completion_ids=rows, texts=texts,
+                               logprobs=None if any(x is None for row in lps for x in row) else lps))
         return out
 
     def _params(self, settings: SamplingSettings, tok: Any, seed: int) -> Any:
@@ -454,7 +480,7 @@ class VLLMEngine:
         return SamplingParams(n=1, temperature=settings.temperature, top_p=settings.top_p,
                               top_k=settings.top_k if settings.top_k is not None else 0,
                               max_tokens=settings.max_new_tokens, seed=seed, stop_token_ids=[eos], detokenize=False,
-                              **extra)
+                              logprobs=0, **extra)
 
     def _call(self, server: _Server, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` with an engine failure turned into an :class:`EngineError` naming the engine."""
@@ -611,6 +637,21 @@ def _engine_dead_error() -> Exception:
     """An instance of :func:`_engine_dead_class` (the stand-in :class:`EngineError` says what happened)."""
     cls = _engine_dead_class()
     return EngineError("the engine core process died") if cls is EngineError else cls()
+
+
+def _sampled_logprobs(completion: Any) -> list[float] | None:
+    """The log-prob vLLM reports for each sampled token (``logprobs=0``: the sampled token's only; raw log-probs,
+    before temperature and top-k/top-p, vLLM's default ``logprobs_mode``), or None when it reports none."""
+    per_token = getattr(completion, "logprobs", None)
+    if per_token is None:
+        return None
+    out = []
+    for token, entry in zip(completion.token_ids, per_token):
+        found = entry.get(token) if entry is not None else None
+        if found is None:
+            return None
+        out.append(float(getattr(found, "logprob", found)))
+    return out
 
 
 def fail_pending(futures: dict) -> int:

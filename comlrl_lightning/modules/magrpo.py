@@ -44,7 +44,7 @@ from comlrl_lightning.engines import SampleRequest, engine_of
 from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
 from comlrl_lightning.generation import Samples, SamplingStream
 from comlrl_lightning.logging_utils import log_metrics
-from comlrl_lightning.logprobs import build_scoring_batch, scored_token_logps, trim_completion
+from comlrl_lightning.logprobs import build_scoring_batch, logprob_gap, scored_token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss
 from comlrl_lightning.metrics import mean_across_ranks
 from comlrl_lightning.modules.base import TeamModuleBase
@@ -102,6 +102,8 @@ class MAGRPOModule(TeamModuleBase):
         self.buffers: list[list[NodeSample]] = [[] for _ in range(n)]
         self.optimizer_steps = 0
         self.policy_versions = [0] * n  # updates (buffer drains) of each agent so far: the version of its weights
+        self._gap_version: dict[int, int | None] = {}  # per agent: the version its next minibatch checks, or None
+        self._logprob_gaps: dict[int, float] = {}  # per agent: the gap measured in its last update
         self._last_logged_step: int | None = None
 
     def setup(self, stage: str) -> None:
@@ -131,10 +133,19 @@ class MAGRPOModule(TeamModuleBase):
         if self.per_node_sampling:
             parts = [engine.sample(agent, [p], k, settings, self.streams[agent]) for p in texts]
             s = Samples([x for p in parts for x in p.prompt_ids], [x for p in parts for x in p.completion_ids],
-                        [x for p in parts for x in p.texts])
+                        [x for p in parts for x in p.texts],
+                        None if any(p.logprobs is None for p in parts) else [x for p in parts for x in p.logprobs],
+                        parts[0].version if parts else None)
         else:
             s = engine.sample(agent, texts, k, settings, self.streams[agent])
-        draws = [AgentDraw(p, u, s.prompt_ids[i], s.completion_ids[i], s.texts[i]) for i, (p, u) in enumerate(prompts)]
+        return self._draws(agent, prompts, s)
+
+    def _draws(self, agent: int, prompts: Sequence[tuple[str, str]], s: Samples) -> list[AgentDraw]:
+        """One draw per prompt from what the engine returned for ``agent`` (after checking the weight version it
+        sampled with), with the reference KLs when those are on."""
+        check_engine_version(engine_of(self.team), agent, s, self.optimizer_steps)
+        draws = [AgentDraw(p, u, s.prompt_ids[i], s.completion_ids[i], s.texts[i],
+                           logprobs=None if s.logprobs is None else s.logprobs[i]) for i, (p, u) in enumerate(prompts)]
         if self.reference is not None:
             for d, kls in zip(draws, self._sequence_kls(agent, draws)):
                 d.kls = kls
@@ -147,12 +158,7 @@ class MAGRPOModule(TeamModuleBase):
         requests = [SampleRequest(a, [p for p, _ in level], k, self.streams[a]) for a, level in enumerate(prompts)]
         out = []
         for a, (level, s) in enumerate(zip(prompts, engine_of(self.team).sample_many(requests, settings))):
-            draws = [AgentDraw(p, u, s.prompt_ids[i], s.completion_ids[i], s.texts[i])
-                     for i, (p, u) in enumerate(level)]
-            if self.reference is not None:
-                for d, kls in zip(draws, self._sequence_kls(a, draws)):
-                    d.kls = kls
-            out.append(draws)
+            out.append(self._draws(a, level, s))
         return out
 
     @torch.no_grad()
@@ -346,10 +352,11 @@ class MAGRPOModule(TeamModuleBase):
         updates then run through :meth:`run_agent_updates` (at the same time where ``agent_overlap`` allows: the
         agents share nothing else, so the weights equal the agent-after-agent drain); the turn groups are logged
         last, in agent and turn order."""
-        plans, staleness = [], []
+        plans, staleness, version_of = [], [], {}
         for agent in agents:
             samples, self.buffers[agent] = self.buffers[agent], []
             staleness.append(_mean([self.policy_versions[agent] - s.version for s in samples]))
+            version_of[agent] = self.policy_versions[agent]
             self.policy_versions[agent] += 1
             by_turn: dict[int, list[NodeSample]] = defaultdict(list)
             for s in samples:
@@ -358,7 +365,8 @@ class MAGRPOModule(TeamModuleBase):
                 self.shuffle_rng.shuffle(by_turn[turn])
             plans.append([(turn, by_turn[turn]) for turn in sorted(by_turn)])
         plan_of = dict(zip(agents, plans))
-        done = self.run_agent_updates(agents, lambda agent, main: self._drain_plan(agent, plan_of[agent], main))
+        done = self.run_agent_updates(
+            agents, lambda agent, main: self._drain_plan(agent, plan_of[agent], main, version_of[agent]))
         losses = []
         for agent, plan, group_losses, stale in zip(agents, plans, done, staleness):
             for (turn, group), turn_losses in zip(plan, group_losses):
@@ -366,12 +374,21 @@ class MAGRPOModule(TeamModuleBase):
                 self._log_group(agent, turn, group, turn_losses, stale)
         return losses
 
-    def _drain_plan(self, agent: int, plan: Sequence[tuple[int, list[NodeSample]]], main: MainThread
-                    ) -> list[list[float]]:
-        """The minibatch updates of one agent's drain, turn group after turn group: the losses per group."""
+    def _drain_plan(self, agent: int, plan: Sequence[tuple[int, list[NodeSample]]], main: MainThread,
+                    version: int = 0) -> list[list[float]]:
+        """The minibatch updates of one agent's drain, turn group after turn group: the losses per group. The
+        first minibatch runs on the weights of ``version`` (before this drain's steps): its samples of that
+        version are checked against the engine's log-probs (:meth:`minibatch_loss`)."""
         size = self.args.train_batch_size
-        return [[self._update(agent, group[i:i + size], main) for i in range(0, len(group), size)]
-                for _, group in plan]
+        out = []
+        for _, group in plan:
+            losses = []
+            for i in range(0, len(group), size):
+                self._gap_version[agent] = version if not out and not losses else None
+                losses.append(self._update(agent, group[i:i + size], main))
+            out.append(losses)
+        self._gap_version[agent] = None
+        return out
 
     def minibatch_loss(self, agent: int, minibatch: Sequence[NodeSample]) -> torch.Tensor:
         """Mean over the node samples of their policy-gradient loss; one forward for all their rows."""
@@ -381,6 +398,7 @@ class MAGRPOModule(TeamModuleBase):
         batch = {k: v.to(self.agent_device(agent)) for k, v in batch.items()}
         with self.team.activate(agent) as model:
             logps, _ = scored_token_logps(model, batch)  # logits of the completion positions only
+        self._check_logprob_gap(agent, minibatch, logps, batch["score_mask"])
         mask = batch["score_mask"].bool()
         total = logps.new_zeros(())
         row = 0
@@ -390,6 +408,40 @@ class MAGRPOModule(TeamModuleBase):
             total = total + policy_gradient_loss(logps[row:row + k], mask[row:row + k], adv)
             row += k
         return total / len(minibatch)
+
+    def _check_logprob_gap(self, agent: int, minibatch: Sequence[NodeSample], logps: torch.Tensor,
+                           score_mask: torch.Tensor) -> None:
+        """On an update's first minibatch (the weights that sampled it): the mean |trainer − engine| log-prob of the
+        samples of that version (docs/engines.md, "Verification"); logged, and an error above
+        ``logprob_gap_threshold``."""
+        version = self._gap_version.get(agent)
+        if version is None:
+            return
+        row, picked, engine = 0, [], []
+        for s in minibatch:
+            for k in range(len(s.completion_ids)):
+                if s.version == version and s.engine_logprobs is not None:
+                    picked.append(row)
+                    engine.append(s.engine_logprobs[k])
+                row += 1
+        if not picked:
+            return
+        index = torch.tensor(picked, device=logps.device)
+        total, count = logprob_gap(logps.index_select(0, index), score_mask.index_select(0, index), engine)
+        if not count:
+            return
+        gap = total / count
+        self._logprob_gaps[agent] = gap
+        limit = self.args.logprob_gap_threshold
+        if limit is not None and gap > limit:
+            raise EngineSyncError(
+                f"Weight-sync check failed for agent {agent} at optimizer step {self.optimizer_steps}: the engine's "
+                f"log-probs of the tokens it sampled differ from the trainer's by {gap:.4f} nats per token on "
+                f"average (logprob_gap_threshold={limit}), on samples of weight version {version}, which is the "
+                f"trainer's version {self.policy_versions[agent] - 1} of this agent: the engine "
+                f"({type(engine_of(self.team)).__name__}) sampled with other weights than the trainer holds. Check "
+                "the engine's weight sync (docs/engines.md, \"Verification\"), or raise logprob_gap_threshold if "
+                "this gap is the numerical difference of a healthy engine.")
 
     def _update(self, agent: int, minibatch: Sequence[NodeSample], main: MainThread) -> float:
         """One AdamW step of ``agent`` on ``minibatch``; Lightning's part through ``main``
@@ -432,6 +484,9 @@ class MAGRPOModule(TeamModuleBase):
             f"train/agent{agent}/staleness": staleness,
             "env_step": float(self.env_step),
         }
+        gap = self._logprob_gaps.pop(agent, None)
+        if gap is not None:
+            metrics[f"engine/agent_{agent}/logprob_gap"] = gap
         if self.reference is not None:
             kls = [k for s in group for k in (s.kls or [])]
             kl = _mean(kls) if kls else 0.0
@@ -464,6 +519,24 @@ class MAGRPOModule(TeamModuleBase):
         if "buffers" in state:
             self.buffers = [[NodeSample(**s) for s in b] for b in state["buffers"]]
         self.load_random_state(state, self.streams, self.shuffle_rng)
+
+
+class EngineSyncError(RuntimeError):
+    """The engine sampled with weights other than the trainer's (docs/engines.md, "Verification")."""
+
+
+def check_engine_version(engine: Any, agent: int, samples: Samples, step: int) -> None:
+    """Raise :class:`EngineSyncError` when ``samples`` report a weight version of ``agent`` other than the one the
+    engine was last told about (``engine.weight_version(agent)``: a sync that was asked for and not applied).
+    Engines or samples without versions are not checked."""
+    expected = engine.weight_version(agent) if hasattr(engine, "weight_version") else None
+    if samples.version is None or expected is None or samples.version == expected:
+        return
+    raise EngineSyncError(
+        f"Weight-sync check failed for agent {agent} at optimizer step {step}: the {type(engine).__name__} sampled "
+        f"with weights of version {samples.version} (weight updates applied), but the trainer's weights are at "
+        f"version {expected} (updates sent to the engine): a weight sync was not applied (docs/engines.md, "
+        "\"Verification\").")
 
 
 def check_transition(args: Any, transition: Any, algorithm: str = "MAGRPO") -> None:

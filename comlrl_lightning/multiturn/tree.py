@@ -41,7 +41,8 @@ class AgentDraw:
     ``prompt`` is the text the agent was prompted with (after the formatter); ``prompt_used`` is what
     upstream records in the prompt history and passes to the reward (the formatter output at turn 0, the
     transition's raw string later); ``prompt_ids`` the prompt tokens; ``completion_ids`` K token lists
-    (trimmed at the first pad); ``texts`` K decoded completions; ``kls`` K sequence KLs (None when off).
+    (trimmed at the first pad); ``texts`` K decoded completions; ``kls`` K sequence KLs (None when off);
+    ``logprobs`` the engine's K per-token log-prob lists (None when the engine reports none).
     """
 
     prompt: str
@@ -50,6 +51,7 @@ class AgentDraw:
     completion_ids: list[list[int]]
     texts: list[str]
     kls: list[float] | None = None
+    logprobs: list[list[float]] | None = None
 
 
 @dataclass
@@ -98,6 +100,8 @@ class NodeSample:
     reward_std: float
     version: int = 0
     """How many updates the agent had taken when its weights sampled this node (set by the trainer)."""
+    engine_logprobs: list[list[float]] | None = None
+    """The engine's per-token log-probs of the K completions (weight-sync verification), or None."""
 
 
 SampleFn = Callable[[int, int, str, str], AgentDraw]
@@ -288,6 +292,7 @@ def node_samples(
             out.append(NodeSample(agent=a, turn=node.turn, env_step=node.env_step, prompt_ids=list(d.prompt_ids),
                                   completion_ids=[list(c) for c in d.completion_ids], returns=g,
                                   advantages=adv.tolist(), kls=None if kls is None else list(kls),
+                                  engine_logprobs=d.logprobs,
                                   node_mean_reward=node.mean_reward, node_mean_return=node.mean_return,
                                   reward_std=std))
     return out
