@@ -86,9 +86,8 @@ def file_digest(path: str | os.PathLike) -> str:
     return _DIGESTS[key]
 
 
-def check_gguf_file(path: Path) -> str:
-    """Raise :class:`GGUFError` naming the file when it is missing, not GGUF, truncated or unreadable; return the
-    architecture it declares."""
+def _check_header(path: Path) -> None:
+    """The cheap checks, run on every load: the file exists, starts with the GGUF magic, and ``gguf`` is there."""
     if not path.is_file():
         raise GGUFError(f"GGUF file {str(path)!r} does not exist" + (" (it is a folder)" if path.exists() else "")
                         + ". Pass the path of a .gguf file, or a packaged model such as "
@@ -97,11 +96,18 @@ def check_gguf_file(path: Path) -> str:
         magic = f.read(4)
     if magic != b"GGUF":
         raise GGUFError(f"{str(path)!r} is not a GGUF file: it starts with {magic!r}, not b'GGUF'.")
-    try:
-        from gguf import GGUFReader
-    except ImportError as exc:
+    if importlib.util.find_spec("gguf") is None:
         raise GGUFError(f"Reading {str(path)!r} needs the 'gguf' package: pip install 'comlrl-lightning[real]' "
-                        "(or pip install gguf).") from exc
+                        "(or pip install gguf).")
+
+
+def check_gguf_file(path: Path) -> str:
+    """Raise :class:`GGUFError` naming the file when it is missing, not GGUF, truncated or declares no
+    architecture; return the architecture. Reads every field (~9 s for the 49k-token vocabulary of SmolLM2), so it
+    runs only when transformers could not load the file, to name the cause."""
+    from gguf import GGUFReader
+
+    _check_header(path)
     size = path.stat().st_size
     try:
         reader = GGUFReader(str(path))
@@ -128,8 +134,9 @@ def _valid_cache(folder: Path, digest: str) -> bool:
     return meta.get("sha256") == digest and (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
 
 
-def _dequantise(path: Path, arch: str, target: Path) -> None:
-    """Load ``path`` with transformers (every weight de-quantised to float32) and save it into ``target``."""
+def _dequantise(path: Path, target: Path) -> str:
+    """Load ``path`` with transformers (every weight de-quantised to float32), save it into ``target``; return the
+    model type."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
@@ -140,6 +147,7 @@ def _dequantise(path: Path, arch: str, target: Path) -> None:
             str(path.parent), gguf_file=path.name, dtype=torch.float32,
             quantization_config=GgufConfig(dequantize=True))
     except Exception as exc:  # noqa: BLE001 - transformers' own message, with the file and architecture named
+        arch = check_gguf_file(path)  # a cut or unreadable file is named as such
         raise GGUFError(f"transformers {transformers.__version__} cannot load GGUF file {str(path)!r} "
                         f"(architecture {arch!r}): {type(exc).__name__}: {exc}") from exc
     quantizer = getattr(model, "hf_quantizer", None)
@@ -152,12 +160,13 @@ def _dequantise(path: Path, arch: str, target: Path) -> None:
     tok.save_pretrained(str(target))
     if not any(target.glob("*.safetensors")):
         raise GGUFError(f"save_pretrained wrote no weights for {str(path)!r} into {target}.")
+    return str(model.config.model_type)
 
 
 def resolve_gguf(source: str) -> str:
     """The cached HF folder of a ``.gguf`` path or ``packaged:`` name, de-quantising on first use."""
     path = packaged_gguf_path(source) if source.startswith("packaged:") else Path(source).expanduser()
-    arch = check_gguf_file(path)
+    _check_header(path)
     digest = file_digest(path)
     root = cache_root()
     folder = root / digest[:16]
@@ -166,8 +175,9 @@ def resolve_gguf(source: str) -> str:
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{digest[:16]}.", dir=root))
     try:
-        _dequantise(path, arch, tmp)
-        meta = {"sha256": digest, "source": str(path.resolve()), "size": path.stat().st_size, "architecture": arch}
+        model_type = _dequantise(path, tmp)
+        meta = {"sha256": digest, "source": str(path.resolve()), "size": path.stat().st_size,
+                "model_type": model_type}
         (tmp / MARKER).write_text(json.dumps(meta, indent=1))
         if folder.exists() and not _valid_cache(folder, digest):
             shutil.rmtree(folder)  # another file's (or a broken) folder under this prefix: never reused

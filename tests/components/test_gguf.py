@@ -141,7 +141,7 @@ def test_a_cache_folder_of_another_file_is_never_reused(tmp_path, cache, monkeyp
 
 
 def test_a_crash_while_writing_leaves_nothing_in_the_cache(tiny_gguf, cache, monkeypatch):
-    def crash(path, arch, target):
+    def crash(path, target):
         (target / "model.safetensors").write_bytes(b"half")
         raise RuntimeError("disk full")
 
