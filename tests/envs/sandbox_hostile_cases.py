@@ -644,6 +644,44 @@ def forge_prompt_helper(ws: Path):
                 f"code env: {b.passed}/{b.total_tests}")
 
 
+def _feedback(aux: str, main: str, item: dict, mode: str) -> list[str]:
+    from comlrl_lightning.envs.code.transitions import make_code_transition
+
+    t = make_code_transition(mode, sandbox_slice="all", **FAST).bind(item)
+    return t(item["prompt"], [aux, main], 2)
+
+
+def forge_transition_feedback(ws: Path):
+    """The multi-turn feedback runs the task's tests too: a wrong main whose aux redefines a helper of the
+    prompt (or a builtin) must get the feedback it gets without the trick, in every test-running mode."""
+    wrong_main = "def decode_shift(s):\n    return aux(s)\n"
+    honest_aux = "def aux(s):\n    return s\n"
+    tricks = (
+        "def encode_shift(s):\n    return s\n\ndef aux(s):\n    return s\n",
+        "def aux(s, _=globals().__setitem__('encode_shift', lambda s: s)):\n    return s\n",
+    )
+    item = {"prompt": SHIFT_PROMPT, "entry_point": "decode_shift", "test": SHIFT_TEST}
+    details, ok = [], True
+    for mode, marker in (("level_feedback", "- Tests: 0/1 passed"), ("level_passed", "- Tests: No tests passed"),
+                         ("passed", "Signal: Not all levels passed")):
+        honest = _feedback(honest_aux, wrong_main, item, mode)
+        for aux in tricks:
+            tricked = _feedback(aux, wrong_main, item, mode)
+            # the aux prompt shows aux's own code, which differs between the two; main's feedback must not
+            same = tricked[1] == honest[1] and marker in tricked[1]
+            ok = ok and same
+            if not same:
+                details.append(f"{mode}: {[ln for ln in tricked[1].splitlines() if 'Test' in ln or 'Signal' in ln]}")
+    # HALF_TASK: a builtin rebound through a default argument
+    aux = "def aux(x, _=globals().update(abs=lambda v: 0.0)):\n    return x / 2\n"
+    honest = _feedback(HALF_AUX, HALF_MAIN, HALF_TASK, "level_feedback")
+    tricked = _feedback(aux, HALF_MAIN, HALF_TASK, "level_feedback")
+    ok = ok and tricked[1] == honest[1] and "- Tests: 1/4 passed" in honest[1]
+    if tricked[1] != honest[1]:
+        details.append("abs rebound: " + " | ".join(ln for ln in tricked[1].splitlines() if "Tests" in ln))
+    return ok, "; ".join(details) or "same feedback with and without the tricks"
+
+
 # ---------------------------------------------------------------------------------------------
 # Resources beyond address space, secrets beyond files (issue 31)
 
@@ -850,6 +888,7 @@ CASES = {
     "forge_reward_default_argument": forge_reward_default_argument,
     "forge_prompt_helper": forge_prompt_helper,
     "forge_reward_shadowed_aux": forge_reward_shadowed_aux,
+    "forge_transition_feedback": forge_transition_feedback,
     "memfd_bomb": memfd_bomb,
     "sysv_segments": sysv_segments,
     "tmp_inode_flood": tmp_inode_flood,

@@ -323,6 +323,10 @@ class CodeTransition:
                 analysis.combined,
                 cases,
                 setup=test_setup_code(test_code),
+                # The tests see the team's entry point and the prompt's own helpers only (as the code reward
+                # does): a helper or builtin the completions redefine stays in the worker, out of the feedback.
+                entry_point=ctx["entry_point"],
+                prompt=ctx["prompt"],
                 timeout_s=self.timeout_s,
                 max_timeouts=self.max_timeouts,
                 **self.sandbox_options,
