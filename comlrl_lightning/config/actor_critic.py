@@ -28,11 +28,13 @@ from comlrl_lightning.config.devices import (
 )
 from comlrl_lightning.config.reference_kl import ReferenceKLOptions, check_reference_devices, check_reference_kl_coef
 from comlrl_lightning.config.rollout import (
+    EngineCheckOptions,
     GenerationBatchOptions,
     RolloutOptions,
     check_discount,
     check_early_termination_threshold,
     check_generation_batch_size,
+    check_logprob_gap_threshold,
 )
 from comlrl_lightning.config.sampling import (
     NumGenerationsOptions,
@@ -51,8 +53,9 @@ from comlrl_lightning.config.training import (
 
 
 @dataclass
-class _ActorCriticOptions(SeedOptions, CriticOptions, ReferenceKLOptions, BatchOptions, GenerationBatchOptions,
-                          RolloutOptions, SamplingOptions, NumGenerationsOptions, DeviceOptions, TrainingOptions):
+class _ActorCriticOptions(SeedOptions, CriticOptions, ReferenceKLOptions, BatchOptions, EngineCheckOptions,
+                          GenerationBatchOptions, RolloutOptions, SamplingOptions, NumGenerationsOptions, DeviceOptions,
+                          TrainingOptions):
     """Options shared by IAC and MAAC (docs/multiturn.md §1.2; MAAC differences in docs/multiturn.md §1.3), with the
     actor-critic defaults."""
 
@@ -95,6 +98,7 @@ class _ActorCriticOptions(SeedOptions, CriticOptions, ReferenceKLOptions, BatchO
         check_value_loss_coef(self)
         check_discount(self)
         check_generation_batch_size(self)
+        check_logprob_gap_threshold(self)
 
     def _check_devices(self) -> None:
         pt = self.parallel_training

@@ -205,6 +205,7 @@ class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardMo
             "logging_steps": self.logging_steps, "reference_kl_enabled": self.reference_kl_enabled,
             "reference_kl_coef": self.reference_kl_coef, "reference_devices": self.reference_devices,
             "seed": self.seed, "generation_batch_size": self.generation_batch_size,
+            "logprob_gap_threshold": self.logprob_gap_threshold,
         }
         if self.rl_algorithm == "maac":
             return MAACConfig(**common)

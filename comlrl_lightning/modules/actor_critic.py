@@ -41,8 +41,9 @@ from torch import nn
 from comlrl_lightning.config import IACConfig, MAACConfig
 from comlrl_lightning.devices import device_of, resolve_devices
 from comlrl_lightning.engines import SampleRequest, engine_of
+from comlrl_lightning.engines.verify import check_engine_version, check_logprob_gap
 from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
-from comlrl_lightning.generation import SamplingStream
+from comlrl_lightning.generation import Samples, SamplingStream
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import build_scoring_batch, scored_token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss, td_advantages, value_loss
@@ -121,6 +122,7 @@ class ActorCriticModule(TeamModuleBase):
         self.buffers: list[list[EpisodeSample]] = [[] for _ in range(n)]
         self.num_drains = 0
         self.policy_versions = [0] * n  # updates (buffer drains) of each agent so far: the version of its weights
+        self._gap_version: dict[int, int | None] = {}  # per agent: the version its next minibatch checks, or None
         self._last_logged_env_step: int | None = None
         self.last_rollouts: list[EpisodeSample] = []
         self.formatters: list[Callable] | None = None
@@ -253,14 +255,16 @@ class ActorCriticModule(TeamModuleBase):
         where = [f"task item {index}" for index, _ in entries]
         tok0 = self.team.tokenizers[0]
 
+        def draws(j: int, out: Samples) -> list[tuple]:  # (prompt ids, K completions, K texts, K engine log-probs)
+            check_engine_version(engine_of(self.team), j, out, self.trainer.global_step if self._trainer else 0)
+            return list(zip(out.prompt_ids, out.completion_ids, out.texts, out.logprobs or [None] * len(out.texts)))
+
         def sample(j: int, t: int, prompts: list[str]):
-            out = engine_of(self.team).sample(j, prompts, k, settings, self.streams[j])
-            return list(zip(out.prompt_ids, out.completion_ids, out.texts))
+            return draws(j, engine_of(self.team).sample(j, prompts, k, settings, self.streams[j]))
 
         def sample_team(t: int, prompts: list[list[str]]):  # one engine call per turn for every agent
             requests = [SampleRequest(j, p, k, self.streams[j]) for j, p in enumerate(prompts)]
-            return [list(zip(o.prompt_ids, o.completion_ids, o.texts))
-                    for o in engine_of(self.team).sample_many(requests, settings)]
+            return [draws(j, o) for j, o in enumerate(engine_of(self.team).sample_many(requests, settings))]
 
         def transition(e: int, previous: list[str], p_hist: list, r_hist: list, t: int) -> list[str]:
             index, item = entries[e]
@@ -395,6 +399,7 @@ class ActorCriticModule(TeamModuleBase):
             samples, self.buffers[i] = self.buffers[i], []
             staleness[f"train/agent{i}/staleness"] = sum(self.policy_versions[i] - s.version for s in samples) / len(
                 samples)
+            self._gap_version[i] = self.policy_versions[i]  # checked on the first minibatch (_update)
             self.policy_versions[i] += 1
             turns = []
             for t in sorted({s.turn for s in samples}):
@@ -439,7 +444,7 @@ class ActorCriticModule(TeamModuleBase):
         old = torch.tensor([s.old_value for s in samples], dtype=torch.float32, device=self.device)
         adv = td_advantages(targets, old, normalize=a.advantage_normalization)
         self._check_finite(i, "advantage", adv)
-        actor_losses, value_losses = [], []
+        actor_losses, value_losses, gaps = [], [], {}
         for start in range(0, len(order), a.train_batch_size):
             idx = order[start:start + a.train_batch_size]
             mb = [samples[k] for k in idx]
@@ -448,6 +453,13 @@ class ActorCriticModule(TeamModuleBase):
             batch, pos = self._sequence_batch(i, mb)
             actor_opt.zero_grad(set_to_none=True)
             logps, head_values = self._actor_forward(i, batch, with_values=bool(self.value_heads))
+            version, self._gap_version[i] = self._gap_version.get(i), None
+            if version is not None:  # the update's first minibatch: the weights that sampled it (docs/engines.md)
+                gap = check_logprob_gap(logps, batch["score_mask"], [s.engine_logprobs for s in mb],
+                                        [s.version for s in mb], version, a.logprob_gap_threshold, i,
+                                        self.trainer.global_step, engine_of(self.team))
+                if gap is not None:
+                    gaps[f"engine/agent_{i}/logprob_gap"] = gap
             actor_loss = policy_gradient_loss(logps, batch["score_mask"], adv_mb.to(logps.device))
             self._check_finite(i, "actor loss", actor_loss)
             if self.value_heads:  # IAC attached head: one step on actor + critic loss, with value clipping
@@ -470,6 +482,7 @@ class ActorCriticModule(TeamModuleBase):
         pad, eos = self._ids(i)
         summary = turn_summary(samples, self._kl_coef())
         out = {f"turn_{samples[0].turn + 1}/{key}": v for key, v in summary.items()}
+        out.update(gaps)
         out[f"train/agent{i}/actor_loss"] = sum(actor_losses) / len(actor_losses)
         out["train/critic/value_loss" if self.is_maac else f"train/agent{i}/value_loss"] = \
             sum(value_losses) / len(value_losses)

@@ -41,10 +41,11 @@ from comlrl_lightning.config import MAGRPOConfig
 from comlrl_lightning.data.tasks import format_prompts
 from comlrl_lightning.distributed import world
 from comlrl_lightning.engines import SampleRequest, engine_of
+from comlrl_lightning.engines.verify import check_engine_version, check_logprob_gap
 from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
 from comlrl_lightning.generation import Samples, SamplingStream
 from comlrl_lightning.logging_utils import log_metrics
-from comlrl_lightning.logprobs import build_scoring_batch, logprob_gap, scored_token_logps, trim_completion
+from comlrl_lightning.logprobs import build_scoring_batch, scored_token_logps, trim_completion
 from comlrl_lightning.losses import policy_gradient_loss
 from comlrl_lightning.metrics import mean_across_ranks
 from comlrl_lightning.modules.base import TeamModuleBase
@@ -411,37 +412,17 @@ class MAGRPOModule(TeamModuleBase):
 
     def _check_logprob_gap(self, agent: int, minibatch: Sequence[NodeSample], logps: torch.Tensor,
                            score_mask: torch.Tensor) -> None:
-        """On an update's first minibatch (the weights that sampled it): the mean |trainer − engine| log-prob of the
-        samples of that version (docs/engines.md, "Verification"); logged, and an error above
-        ``logprob_gap_threshold``."""
+        """On an update's first minibatch (the weights that sampled it): the engine's log-probs against the
+        trainer's (:func:`~comlrl_lightning.engines.verify.check_logprob_gap`), kept for the log."""
         version = self._gap_version.get(agent)
         if version is None:
             return
-        row, picked, engine = 0, [], []
-        for s in minibatch:
-            for k in range(len(s.completion_ids)):
-                if s.version == version and s.engine_logprobs is not None:
-                    picked.append(row)
-                    engine.append(s.engine_logprobs[k])
-                row += 1
-        if not picked:
-            return
-        index = torch.tensor(picked, device=logps.device)
-        total, count = logprob_gap(logps.index_select(0, index), score_mask.index_select(0, index), engine)
-        if not count:
-            return
-        gap = total / count
-        self._logprob_gaps[agent] = gap
-        limit = self.args.logprob_gap_threshold
-        if limit is not None and gap > limit:
-            raise EngineSyncError(
-                f"Weight-sync check failed for agent {agent} at optimizer step {self.optimizer_steps}: the engine's "
-                f"log-probs of the tokens it sampled differ from the trainer's by {gap:.4f} nats per token on "
-                f"average (logprob_gap_threshold={limit}), on samples of weight version {version}, which is the "
-                f"trainer's version {self.policy_versions[agent] - 1} of this agent: the engine "
-                f"({type(engine_of(self.team)).__name__}) sampled with other weights than the trainer holds. Check "
-                "the engine's weight sync (docs/engines.md, \"Verification\"), or raise logprob_gap_threshold if "
-                "this gap is the numerical difference of a healthy engine.")
+        engine = [lp for s in minibatch for lp in (s.engine_logprobs or [None] * len(s.completion_ids))]
+        versions = [s.version for s in minibatch for _ in s.completion_ids]
+        gap = check_logprob_gap(logps, score_mask, engine, versions, version, self.args.logprob_gap_threshold,
+                                agent, self.optimizer_steps, engine_of(self.team))
+        if gap is not None:
+            self._logprob_gaps[agent] = gap
 
     def _update(self, agent: int, minibatch: Sequence[NodeSample], main: MainThread) -> float:
         """One AdamW step of ``agent`` on ``minibatch``; Lightning's part through ``main``
@@ -519,24 +500,6 @@ class MAGRPOModule(TeamModuleBase):
         if "buffers" in state:
             self.buffers = [[NodeSample(**s) for s in b] for b in state["buffers"]]
         self.load_random_state(state, self.streams, self.shuffle_rng)
-
-
-class EngineSyncError(RuntimeError):
-    """The engine sampled with weights other than the trainer's (docs/engines.md, "Verification")."""
-
-
-def check_engine_version(engine: Any, agent: int, samples: Samples, step: int) -> None:
-    """Raise :class:`EngineSyncError` when ``samples`` report a weight version of ``agent`` other than the one the
-    engine was last told about (``engine.weight_version(agent)``: a sync that was asked for and not applied).
-    Engines or samples without versions are not checked."""
-    expected = engine.weight_version(agent) if hasattr(engine, "weight_version") else None
-    if samples.version is None or expected is None or samples.version == expected:
-        return
-    raise EngineSyncError(
-        f"Weight-sync check failed for agent {agent} at optimizer step {step}: the {type(engine).__name__} sampled "
-        f"with weights of version {samples.version} (weight updates applied), but the trainer's weights are at "
-        f"version {expected} (updates sent to the engine): a weight sync was not applied (docs/engines.md, "
-        "\"Verification\").")
 
 
 def check_transition(args: Any, transition: Any, algorithm: str = "MAGRPO") -> None:

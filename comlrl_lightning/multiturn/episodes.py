@@ -65,6 +65,8 @@ class EpisodeSample:
     return_to_go: float = 0.0
     version: int = 0
     """How many updates the agent had taken when its weights sampled this completion (set by the trainer)."""
+    engine_logprobs: list[float] | None = None
+    """The engine's per-token log-probs of the completion (weight-sync verification), or None."""
 
     def __getitem__(self, key: str) -> Any:
         name = _KEY_TO_FIELD.get(key, key)
@@ -274,7 +276,9 @@ def run_episodes(
         level: list[list[list[EpisodeSample]]] = []  # [running episode][agent][generation]
         texts: list[list[list[str]]] = []
         for i, e in enumerate(running):
-            turn = [[EpisodeSample(j, t, g, items[e], draws[j][i][0], draws[j][i][1][g], len(draws[j][i][2][g]))
+            turn = [[EpisodeSample(j, t, g, items[e], draws[j][i][0], draws[j][i][1][g], len(draws[j][i][2][g]),
+                                   engine_logprobs=draws[j][i][3][g] if len(draws[j][i]) > 3 and draws[j][i][3]
+                                   else None)
                      for g in range(k)] for j in range(n)]
             level.append(turn)
             texts.append([list(draws[j][i][2]) for j in range(n)])

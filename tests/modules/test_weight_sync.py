@@ -12,10 +12,10 @@ from comlrl_lightning.agents import build_agents, load_model, load_tokenizer
 from comlrl_lightning.config import MAGRPOConfig
 from comlrl_lightning.data.tasks import load_task_items
 from comlrl_lightning.engines.hf import HFEngine
+from comlrl_lightning.engines.verify import EngineSyncError
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.generation import SamplingSettings, SamplingStream, sample_completions
 from comlrl_lightning.logprobs import build_scoring_batch, scored_token_logps
-from comlrl_lightning.modules.magrpo import EngineSyncError
 
 ITEMS = load_task_items("builtin:cooperative")[:8]
 
@@ -134,3 +134,25 @@ def test_a_sync_that_raises_stops_the_run_naming_the_agent(tiny_model_dir):
     with pytest.raises(RuntimeError, match=r"FailingSyncEngine's weight sync of agent 1 failed before optimizer step "
                                            r"2 \(OSError: adapter folder vanished\)"):
         tr.train()
+
+
+def iac(model_dir, **kw):
+    from comlrl_lightning.config import IACConfig
+    from comlrl_lightning.trainers.actor_critic import IACTrainer
+
+    args = IACConfig(**{"num_train_epochs": 1, "max_new_tokens": 12, "temperature": 1.0, "top_p": 1.0, "top_k": None,
+                        "agent_learning_rate": 1e-2, "critic_learning_rate": 1e-3, "eval_interval": 0,
+                        "num_generations": 2, "rollout_buffer_size": 4, "train_batch_size": 2, "logging_steps": 1,
+                        **kw})
+    return IACTrainer(agent_model=model_dir, train_dataset=ITEMS, eval_dataset=None, reward_func=cooperative_reward,
+                      formatters=FORMATTERS, args=args, trainer_kwargs=cpu_trainer_kwargs())
+
+
+def test_iac_checks_the_engine_too(tiny_model_dir):
+    healthy = iac(tiny_model_dir)
+    healthy.train()
+    assert 0 <= float(healthy.trainer.callback_metrics["engine/agent_1/logprob_gap"]) < 1e-4
+    stale = iac(tiny_model_dir)
+    stale.team.engine = FrozenEngine(tiny_model_dir)
+    with pytest.raises(EngineSyncError, match=r"agent [01] at optimizer step \d+: .* weight version 1"):
+        stale.train()

@@ -1,0 +1,66 @@
+"""Weight-sync verification (docs/engines.md, "Verification"): the checks the RL modules run on what an engine
+returns, shared by the MAGRPO family and IAC/MAAC.
+
+* :func:`check_engine_version`: right after sampling, the weight version a :class:`~comlrl_lightning.generation.Samples`
+  reports must be the engine's ``weight_version(agent)`` (every sync it was told about is applied).
+* :func:`check_logprob_gap`: on an update's first minibatch, the engine's log-probs of the sampled tokens against
+  the trainer's from the forward the update makes anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from comlrl_lightning.generation import Samples
+from comlrl_lightning.logprobs import logprob_gap
+
+
+class EngineSyncError(RuntimeError):
+    """The engine sampled with weights other than the trainer's."""
+
+
+def check_engine_version(engine: Any, agent: int, samples: Samples, step: int) -> None:
+    """Raise :class:`EngineSyncError` when ``samples`` report a weight version of ``agent`` other than the one the
+    engine was last told about (``engine.weight_version(agent)``: a sync that was asked for and not applied).
+    Engines or samples without versions are not checked."""
+    expected = engine.weight_version(agent) if hasattr(engine, "weight_version") else None
+    if samples.version is None or expected is None or samples.version == expected:
+        return
+    raise EngineSyncError(
+        f"Weight-sync check failed for agent {agent} at optimizer step {step}: the {type(engine).__name__} sampled "
+        f"with weights of version {samples.version} (weight updates applied), but the trainer's weights are at "
+        f"version {expected} (updates sent to the engine): a weight sync was not applied (docs/engines.md, "
+        "\"Verification\").")
+
+
+def check_logprob_gap(token_logps: torch.Tensor, score_mask: torch.Tensor,
+                      engine_logps: Sequence[Sequence[float] | None], versions: Sequence[int], version: int,
+                      threshold: float | None, agent: int, step: int, engine: Any) -> float | None:
+    """The mean |trainer − engine| log-prob per token over the rows sampled by the weights of ``version`` (the
+    weights the trainer holds at an update's first minibatch) that carry engine log-probs; None when there are none.
+
+    ``token_logps``/``score_mask`` [R, L] as the update's forward computed them, ``engine_logps[r]`` and
+    ``versions[r]`` row r's engine log-probs and policy version. Raises :class:`EngineSyncError` naming the agent,
+    the step and the version when the gap exceeds ``threshold`` (None: never).
+    """
+    picked = [r for r, (lp, v) in enumerate(zip(engine_logps, versions)) if lp is not None and v == version]
+    if not picked:
+        return None
+    index = torch.tensor(picked, device=token_logps.device)
+    total, count = logprob_gap(token_logps.index_select(0, index), score_mask.index_select(0, index),
+                               [engine_logps[r] for r in picked])
+    if not count:
+        return None
+    gap = total / count
+    if threshold is not None and gap > threshold:
+        raise EngineSyncError(
+            f"Weight-sync check failed for agent {agent} at optimizer step {step}: the engine's log-probs of the "
+            f"tokens it sampled differ from the trainer's by {gap:.4f} nats per token on average "
+            f"(logprob_gap_threshold={threshold}), on samples of weight version {version}, the version the trainer "
+            f"holds for this agent: the engine ({type(engine).__name__}) sampled with other weights than the trainer "
+            "holds. Check the engine's weight sync (docs/engines.md, \"Verification\"), or raise "
+            "logprob_gap_threshold if this gap is the numerical difference of a healthy engine.")
+    return gap
