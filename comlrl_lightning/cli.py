@@ -84,6 +84,29 @@ def user_error(exc: BaseException) -> str | None:
     return str(found) if found is not None else None
 
 
+def unknown_option(message: str) -> str | None:
+    """"X has no option 'y'. Did you mean ...?" for jsonargparse's deepest "Option 'y' is not accepted" of class X in
+    ``message`` (the usage and the Union-subtype report bury it), or None when the message is about something else."""
+    import importlib
+    import inspect
+    import re
+
+    from comlrl_lightning.config.checks import did_you_mean
+
+    found = re.findall(r"Problem with given class_path '([\w.]+)':\s*Option '(\w+)' is not accepted", message)
+    if not found:
+        return None
+    path, option = found[-1]
+    module, _, name = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        params = [p for p in inspect.signature(cls).parameters.values()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return f"{name} has no option {option!r}."
+    return f"{name} has no option {option!r}.{did_you_mean(option, [p.name for p in params])}"
+
+
 def _make_cli_class(want_help: bool = False):
     import lightning as L
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
@@ -115,6 +138,7 @@ def _make_cli_class(want_help: bool = False):
 
         def error(self, message: str, ex: Exception | None = None):
             sentence = user_error(ex) if ex is not None else None
+            sentence = sentence or unknown_option(message)
             if sentence is not None and self.exit_on_error:
                 sys.stderr.write(f"error: {sentence}\n")
                 message = f"{message}\n{sentence}"

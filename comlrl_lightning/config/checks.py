@@ -8,6 +8,7 @@ option group that declares it; these are the building blocks those rules use.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -65,3 +66,29 @@ def check_optional_count(name: str, value: Any) -> None:
     """``value`` must be None or an integer >= 1."""
     if value is not None and (not is_int(value) or value < 1):
         raise _bad(f"{name} must be >= 1 or null.", value, "integers >= 1 or null")
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """" Did you mean a, b?" naming the options closest to ``name`` (spelling, or containing it, as
+    ``learning_rate`` → ``agent_learning_rate``); empty when none is close."""
+    import difflib
+
+    options = sorted(set(choices))
+    close = difflib.get_close_matches(name, options, n=3, cutoff=0.6)
+    hits = (close + [o for o in options if name in o and o not in close])[:3]
+    return f" Did you mean {', '.join(hits)}?" if hits else ""
+
+
+class SuggestOptions:
+    """Base of the config option groups: an option name the config does not have is a ``TypeError`` that names
+    the config and the closest options (a dataclass alone says only "unexpected keyword argument")."""
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        import dataclasses
+
+        if kwargs and dataclasses.is_dataclass(cls):
+            names = {f.name for f in dataclasses.fields(cls) if f.init}
+            for key in kwargs:
+                if key not in names:
+                    raise TypeError(f"{cls.__name__} has no option {key!r}.{did_you_mean(key, names)}")
+        return super().__new__(cls)

@@ -7,12 +7,12 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from comlrl_lightning.config.checks import _bad
+from comlrl_lightning.config.checks import SuggestOptions, _bad
 
 
 @dataclass
-class DeviceOptions:
-    """Where the agents live."""
+class DeviceOptions(SuggestOptions):
+    """Where the agents live. (Every config has this group, so every config suggests the closest option names.)"""
 
     parallel_training: str = "none"
     """"none" or "mp" ("null" = "none"; case-insensitive). "mp": agent i lives on ``agent_devices[i]`` (critics on
