@@ -145,8 +145,8 @@ def test_actor_critic_trains_the_sampled_ids(monkeypatch, tiny_model_dir):
 
 def test_madpo_pair_rows_are_the_sampled_ids(monkeypatch, tiny_model_dir):
     """Offline MADPO scores the generated rows of the pairs: [prompt ; completion cut at pad, without its last
-    token] (decision 3: the last token is not scored, so the row does not need it), every completion token of the
-    row scored."""
+    token] (docs/decisions.md, decision 3: the last token is not scored, so the row does not need it), every
+    completion token of the row scored."""
     from comlrl_lightning.trainers.preference import MADPOTrainer
 
     sampled = spy_engine(monkeypatch)

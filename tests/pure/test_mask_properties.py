@@ -165,8 +165,8 @@ def test_trim_at_pad_cuts_at_the_first_pad_only(ids, pad):
 
 @pytest.mark.xfail(strict=True, reason=(
     "pad == eos: generation.cut_at_pad (both engines) and logprobs.trim_completion drop the EOS with the padding, "
-    "so the EOS the policy sampled never carries loss; issue 28 item 3 and decision 4 ('EOS after EOS' is the "
-    "padding) want it scored. Needs cut_at_pad/trim_completion to keep an EOS equal to pad and "
+    "so the EOS the policy sampled never carries loss; issue 28 item 3 and docs/decisions.md, decision 4 ('EOS "
+    "after EOS' is the padding) want it scored. Needs cut_at_pad/trim_completion to keep an EOS equal to pad and "
     "build_scoring_batch(drop_last=False) to keep it too (callers in modules/ and data/ pass the EOS id)."))
 def test_pad_eq_eos_policy_gradient_scores_the_eos():
     pad = eos = 1
