@@ -153,6 +153,18 @@ def _make_cli_class(want_help: bool = False):
             added = with_progress_bar(given, config.get("enable_progress_bar", True))[len(given):]
             return super()._instantiate_trainer(config, [*callbacks, *added])
 
+        def before_instantiate_classes(self) -> None:
+            # An empty dataset file is named here, before the data module's loader stops on it without a word.
+            from comlrl_lightning.trainers.common import check_not_empty
+
+            config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+            data = config.get("data") or {}
+            init = data.get("init_args", data) if hasattr(data, "get") else {}
+            for name in ("train_dataset", "eval_dataset"):
+                value = init.get(name) if hasattr(init, "get") else None
+                if value is not None:
+                    check_not_empty(value, f"data.init_args.{name}")
+
         def before_fit(self) -> None:
             args = getattr(self.model, "args", None)
             loop = self.trainer.fit_loop

@@ -13,6 +13,26 @@ def check_facade_inputs(agent_model: Any, agents: Any, reward_func: Any, train_d
         raise ValueError(f"reward_func must be a callable; got {type(reward_func).__name__}.")  # noqa: TRY004
     if train_dataset is None:
         raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a local file).")
+    check_not_empty(train_dataset, "train_dataset")
+
+
+def empty_dataset_message(source: Any, name: str = "the dataset") -> str:
+    """What to say about a dataset that holds no task item."""
+    return (f"{name} {source!r} holds no task item (an empty file or list). Give one task item per row "
+            "(a JSONL line such as {\"prompt\": \"...\"}), a list of dicts or a datasets.Dataset.")
+
+
+def check_not_empty(source: Any, name: str) -> None:
+    """An empty local file or an empty list as ``name`` is an error naming it (the file loader alone fails with a
+    bare StopIteration)."""
+    from pathlib import Path
+
+    if isinstance(source, (list, tuple)) and not source:
+        raise ValueError(empty_dataset_message(source, name))
+    if isinstance(source, str) and not source.startswith("builtin:") and Path(source).is_file():
+        with open(source, "rb") as f:
+            if not f.read(1 << 16).strip():
+                raise ValueError(empty_dataset_message(source, name))
 
 
 def sync_num_agents(args: Any, agents: Any, num_agents: int | None) -> None:
