@@ -28,8 +28,11 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
-    problem = _sandbox_problem()
-    return None if problem is None else f"sandbox: unavailable, its tests skip ({problem.split('. ')[0]})"
+    from comlrl_lightning.envs.code.sandbox import bwrap_path  # cheap; the full probe runs where sandbox tests are
+
+    if bwrap_path() is None:
+        return f"sandbox: bubblewrap is not installed; the tests that run model code skip. Install: {INSTALL_BWRAP}"
+    return None
 
 
 def pytest_collection_modifyitems(config, items):
