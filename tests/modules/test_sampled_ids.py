@@ -32,9 +32,9 @@ def spy_engine(monkeypatch) -> list:
     sampled = []
     original = HFEngine.sample
 
-    def sample(self, agent_index, prompts, num_candidates, settings, stream):
-        out = original(self, agent_index, prompts, num_candidates, settings, stream)
-        sampled.append((agent_index, out))
+    def sample(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        sampled.append((args[0] if args else kwargs["agent_index"], out))
         return out
 
     monkeypatch.setattr(HFEngine, "sample", sample)
