@@ -16,7 +16,7 @@ import torch
 from comlrl_lightning.config_rl import MAGRPOConfig
 from comlrl_lightning.engines import engine_of
 from comlrl_lightning.generation import SamplingSettings, SamplingStream, cut_at_pad
-from comlrl_lightning.logprobs import build_scoring_batch, scored_token_logps, trim_completion
+from comlrl_lightning.logprobs import scored_token_logps, trim_at_pad, trim_completion
 
 PAD, EOS = "<|pad|>", "<|endoftext|>"
 K = 2
@@ -112,24 +112,29 @@ def check_slices(team, prompts, samples, calls, expected_prompt_ids):
 
 
 def check_logprobs(team, samples, steps):
-    """Teacher-forced log-probs of the loss rows equal the log-probs of the sampled tokens at sampling time."""
+    """The rows MAGRPO's loss reads (modules.magrpo.completion_batch) hold [prompt ; sampled completion up to its
+    EOS], and their teacher-forced log-probs equal the log-probs of the sampled tokens at sampling time."""
+    from comlrl_lightning.modules.magrpo import completion_batch
+
     model, tok = team.models[0], team.tokenizers[0]
     prompts = [samples.prompt_ids[p] for p in range(len(samples.prompt_ids)) for _ in range(K)]
-    comps = [trim_completion(c, tok.eos_token_id, tok.pad_token_id) for cs in samples.completion_ids for c in cs]
-    batch = build_scoring_batch(prompts, comps, tok.pad_token_id, drop_last=False)
+    comps = [c for cs in samples.completion_ids for c in cs]
+    batch = completion_batch(prompts, comps, tok)
     model.eval()
     with torch.no_grad():
         logps, _ = scored_token_logps(model, batch)
     checked = 0
     for r, comp in enumerate(comps):
-        start = len(prompts[r])
-        assert batch["input_ids"][r, start:start + len(comp)].tolist() == comp
-        assert batch["score_mask"][r, :start].sum() == 0 and batch["score_mask"][r, start:].sum() == len(comp)
-        for t, token in enumerate(comp):
+        start, n = len(prompts[r]), int(batch["score_mask"][r].sum())
+        content = trim_at_pad(trim_completion(comp, tok.eos_token_id, tok.pad_token_id), tok.pad_token_id)
+        assert len(content) <= n <= len(comp)  # every sampled token up to the EOS, never padding after it
+        assert batch["input_ids"][r, :start + n].tolist() == prompts[r] + comp[:n]
+        assert batch["score_mask"][r, start:start + n].all() and batch["score_mask"][r].sum() == n
+        for t, token in enumerate(comp[:n]):
             sampled = torch.log_softmax(steps[t][r], dim=-1)[token]
             assert abs(float(logps[r, start + t]) - float(sampled)) < 1e-4, (r, t)
             checked += 1
-    assert checked >= len(comps)  # every row has at least one scored token
+    assert checked > 0
     return batch, logps
 
 
