@@ -15,6 +15,11 @@ Discoverability: our modules, data modules and callbacks are imported before the
 ``fit --help`` lists them and ``--model.help MADPOModule`` takes the short name; option help shows the
 docstring line of every config field. A config value error (a ``ValueError`` raised by our code while the CLI
 builds the objects) is printed as its own sentence, first and last, instead of jsonargparse's nested report.
+
+Secrets (docs/preference.md §6): the secret values of the command line and of the config files it names are
+collected before parsing (:func:`~comlrl_lightning.config.secrets.secrets_in_argv`); parse and value errors are
+printed without them, and once the config is parsed, ``sys.argv`` (which W&B records as the run's arguments) holds
+the command line with every secret of the config replaced by ``***`` until :func:`main` returns.
 """
 
 from __future__ import annotations
@@ -136,15 +141,30 @@ def _make_cli_class(want_help: bool = False):
         """Redacting dumps, and a config value error's own sentence first and last (not buried in the
         Union-subtype report)."""
 
+        secrets: set[str] = set()  # the command line's secret values (main sets them): never printed
+
         def error(self, message: str, ex: Exception | None = None):
+            from comlrl_lightning.config.secrets import scrub
+
             sentence = user_error(ex) if ex is not None else None
             sentence = sentence or unknown_option(message)
+            message, sentence = scrub(message, self.secrets), scrub(sentence, self.secrets)
             if sentence is not None and self.exit_on_error:
                 sys.stderr.write(f"error: {sentence}\n")
                 message = f"{message}\n{sentence}"
             return super().error(message, ex)
 
     class ComlrlCLI(LightningCLI):
+        secrets: set[str] = set()
+
+        def instantiate_classes(self) -> None:
+            # W&B reads sys.argv when its run starts (in fit): from here on it holds no secret of the config
+            from comlrl_lightning.config.secrets import redact_argv, secret_values
+
+            hidden = self.secrets | secret_values(self.config)
+            sys.argv[1:] = redact_argv(sys.argv[1:], hidden)
+            super().instantiate_classes()
+
         def _instantiate_trainer(self, config: dict, callbacks: list) -> L.Trainer:
             from comlrl_lightning.callbacks.progress import with_progress_bar
 
@@ -201,6 +221,10 @@ def main(argv: list[str] | None = None) -> None:
     for name in CLI_MODULES:
         importlib.import_module(name)
     cli_cls, L = _make_cli_class(want_help=any(a in ("-h", "--help") or ".help" in a for a in args))
+    from comlrl_lightning.config.secrets import scrub, secrets_in_argv
+
+    cli_cls.secrets = cli_cls.parser_cls.secrets = secrets = secrets_in_argv(args)
+    saved_argv = list(sys.argv)
     try:
         cli_cls(
             L.LightningModule,
@@ -217,10 +241,13 @@ def main(argv: list[str] | None = None) -> None:
         sentence = user_error(exc)
         if sentence is None:
             raise
-        detail = str(exc).splitlines()
+        sentence = scrub(sentence, secrets)
+        detail = scrub(str(exc), secrets).splitlines()
         shown = "\n".join(detail[:12] + (["  ..."] if len(detail) > 12 else []))
         sys.stderr.write(f"error: {sentence}\n\n{shown}\n\nerror: {sentence}\n")
         raise SystemExit(2) from None
+    finally:
+        sys.argv[:] = saved_argv
 
 
 if __name__ == "__main__":

@@ -8,7 +8,11 @@ requests run concurrently up to ``max_concurrency``, the completion count is che
 format is an error rather than a silent fallback to ``generic`` (docs/decisions.md, decision 1).
 
 The API key is looked up when a request is built, never stored (unless given literally), and never
-written to logs, exception messages, ``repr`` or pickles.
+written to logs, exception messages, ``repr`` or pickles. Response bodies quoted in errors are cleaned of the key
+and of every other secret of the settings (secret header values, URL query values, extra-body strings), in any
+letter case and URL-encoded or base64 forms; httpx's own request log lines lose their URL query values. A URL
+with credentials (``https://user:password@host``) is refused: httpx would send them as Basic auth, and they would
+travel wherever the URL is printed; send a key through ``key``/``key_env`` or a header instead.
 
 A component: standard library, ``httpx`` and the wire formats only (no Lightning, no torch), so that the
 code environment's expert client can use it too.
@@ -45,6 +49,9 @@ from comlrl_lightning.comparators.api_transport import (
     Secret,
     endpoint_of,
     post_json,
+    redact_text,
+    register_secrets,
+    request_secrets,
     run_all,
     status_text,
 )
@@ -63,7 +70,7 @@ class APIComparatorClient:
     """Client for the comparator endpoint. Options carry the spec's names without ``comparator_api_``.
 
     Args:
-        url: endpoint (``http``/``https``) that receives every POST.
+        url: endpoint (``http``/``https``) that receives every POST; no ``user:password@`` credentials.
         format: ``generic``, ``openai``, ``anthropic`` or ``openai_responses`` (or an alias, docs/preference.md §2.5).
         model: ``model`` field of each request (generic: sent only when truthy).
         timeout: seconds per HTTP request, in total (connect, send, headers and body together: a server
@@ -113,6 +120,20 @@ class APIComparatorClient:
         url = str(url).strip()
         if urlsplit(url).scheme not in ("http", "https"):
             raise ValueError(f"comparator_api_url must be an http(s) URL; got {endpoint_of(url)!r}.")
+        try:
+            _ = urlsplit(url).port  # parses the port
+        except ValueError:  # its message quotes the text after ':' (a password with a '/', say): not shown
+            raise ValueError(
+                "comparator_api_url is not a valid http(s) URL: the part between '//' and the next '/' must be "
+                "host or host:port (no credentials). Put a key in comparator_api_key_env instead."
+            ) from None
+        if "@" in urlsplit(url).netloc:
+            raise ValueError(
+                f"comparator_api_url must not carry credentials ('user:password@' before the host; got "
+                f"{endpoint_of(url)!r} with them): they would be sent as Basic auth and printed wherever the URL is. "
+                "Put the key in the environment variable named by comparator_api_key_env (or comparator_api_key), "
+                "or send it in comparator_api_headers."
+            )
         self.url = url
         self.format = normalize_api_format(format)
         self.model = model
@@ -158,6 +179,8 @@ class APIComparatorClient:
         self.max_response_mb = float(max_response_mb)
         self._key = Secret(key) if key else None
         self._key_dropped = False
+        # what an echoing server or a log line could print: scrubbed from error excerpts and httpx's log
+        register_secrets(key, *request_secrets(url, self.headers, self.extra_body))
         self._endpoint = endpoint_of(url)
         self._lock = threading.Lock()
         self._http: httpx.Client | None = None
@@ -252,6 +275,7 @@ class APIComparatorClient:
         self._http = None
         self._lock = threading.Lock()
         self._rng = random.Random()
+        register_secrets(*request_secrets(self.url, self.headers, self.extra_body))
 
     # ------------------------------------------------------------------ chunks and the key
 
@@ -333,6 +357,7 @@ class APIComparatorClient:
     def _attempt(self, request: CompletionRequest, n: int) -> tuple[list[str], int, str]:
         """One HTTP round trip: the parsed completions, the status and a redacted body excerpt, or ``Retry``."""
         key = self._current_key()
+        register_secrets(key)  # a key read from the environment: known to the log filter from now on
         headers = request_headers(self.format, self.headers, key, self.key_header, self.key_prefix)
         body = request_body(self.format, request, n, self.model, self.extra_body)
         content = json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
@@ -401,7 +426,6 @@ class APIComparatorClient:
             return self._http
 
     def _redact(self, text: str, key: str | None) -> str:
-        for secret in {key, self._key.get() if self._key is not None else None}:
-            if secret:
-                text = text.replace(secret, "***")
-        return text
+        """``text`` without the key or any secret of the settings, in any case or encoding, nor URL query values."""
+        literal = self._key.get() if self._key is not None else None
+        return redact_text(text, {key, literal, *request_secrets(self.url, self.headers, self.extra_body)})

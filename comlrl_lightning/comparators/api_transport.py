@@ -12,24 +12,36 @@ connection's socket down when it passes, so a server that drips bytes, even in t
 there; per-read timeouts alone never fire on a drip), and the body is streamed and inflated here with
 a cap on both the bytes received and the bytes after ``Content-Encoding`` (gzip, deflate) is undone,
 so a compression bomb stops at the cap instead of filling memory.
+
+Secrets in text (docs/preference.md §6): :func:`scrub` removes known secret values from any text, in every
+form a server or a library may echo them: any letter case, URL-encoded, and base64 (alone or inside a longer
+base64 string such as HTTP Basic credentials). :func:`redact_text` also hides every URL's query values and
+password. httpx's and httpcore's loggers pass their messages through both (:class:`CredentialLogFilter`,
+installed on import), so a request line never prints ``?api_key=...``.
 """
 
 from __future__ import annotations
 
+import base64
 import email.utils
 import json
+import logging
+import math
+import re
 import socket
+import sys
 import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, quote_plus, unquote, unquote_plus, urlencode, urlsplit, urlunsplit
 
 import httpx
 
-__all__ = ["APIComparatorError", "Retry", "Secret", "endpoint_of", "post_json", "run_all", "status_text"]
+__all__ = ["APIComparatorError", "CredentialLogFilter", "Retry", "Secret", "endpoint_of", "post_json", "redact_text",
+           "redact_url", "register_secrets", "request_secrets", "run_all", "scrub", "status_text"]
 
 T = TypeVar("T")
 
@@ -253,6 +265,12 @@ def post_json(
         )
     try:
         payload = json.loads(raw)
+    except RecursionError:
+        raise APIComparatorError(
+            f"Comparator API response from {endpoint} nests JSON deeper than the parser allows "
+            f"({sys.getrecursionlimit()} levels); no completion format needs that: {excerpt!r}",
+            endpoint=endpoint, status=status, body_excerpt=excerpt, attempts=1,
+        ) from None
     except ValueError:
         # Gateways under load sometimes answer 200 with a truncated or HTML body: retry it.
         raise Retry("returned a non-JSON body", status, excerpt) from None
@@ -326,10 +344,13 @@ def status_text(status: int | None) -> str:
 
 def endpoint_of(url: str) -> str:
     """The URL without credentials, query or fragment: safe to print."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+    except ValueError:  # an invalid port: its text may be a password (``user:pass/word@host``)
+        return f"{url.split(':', 1)[0]}://<invalid host>" if "://" in url else "<invalid URL>"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
@@ -338,11 +359,169 @@ def _retry_after_s(response: httpx.Response) -> float | None:
     if value is None:
         return None
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
         pass
+    else:  # "NaN" and "inf" parse as floats but are no delay: back off as without the header
+        return seconds if math.isfinite(seconds) else None
     try:
         moment = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
     return max(0.0, moment.timestamp() - time.time())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Secrets in text
+
+REDACTED = "***"
+#: secrets shorter than this are not searched for in free text (they would match ordinary words)
+MIN_SCRUB_CHARS = 6
+_URL_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
+#: Header names whose values are never secret (compared lower-case).
+SAFE_HEADERS = frozenset({"accept", "accept-encoding", "accept-language", "content-type", "user-agent",
+                          "anthropic-version", "anthropic-beta", "openai-beta", "openai-organization",
+                          "openai-project"})
+#: Extra-body fields whose string values are never secret.
+SAFE_BODY_FIELDS = frozenset({"model", "stop", "stop_sequences", "reasoning_effort", "effort", "response_format",
+                              "type", "role", "tool_choice", "service_tier", "verbosity", "format", "summary"})
+_known_secrets: set[str] = set()
+_known_lock = threading.Lock()
+
+
+def redact_url(url: Any) -> Any:
+    """``url`` with every query value, the fragment and the password of ``user:password@`` replaced by "***"."""
+    if not isinstance(url, str) or not url:
+        return url
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return REDACTED
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        netloc = f"{REDACTED}@{host}" if ":" not in userinfo else f"{userinfo.split(':', 1)[0]}:{REDACTED}@{host}"
+    query = parts.query
+    if query:
+        query = urlencode([(k, REDACTED) for k, _ in parse_qsl(query, keep_blank_values=True)], safe="*")
+    fragment = REDACTED if parts.fragment else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
+
+
+def url_secrets(url: Any) -> set[str]:
+    """The values :func:`redact_url` hides: the password, the query values and the fragment."""
+    if not isinstance(url, str) or not url:
+        return set()
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return {url}
+    raw = [pair.partition("=")[2] for pair in parts.query.split("&")] + [parts.password or "", parts.fragment]
+    return {form for v in raw if v for form in (v, unquote_plus(v), unquote(v))}  # as written and as decoded
+
+
+def _base64_cores(secret: bytes) -> set[str]:
+    """The characters of base64(x + secret + y) that depend on the secret alone, for each alignment of the
+    secret in the encoded stream (so the key is found inside longer base64 text, e.g. ``user:key``)."""
+    cores = set()
+    for shift in range(3):
+        text = base64.b64encode(b"\0" * shift + secret).decode().rstrip("=")
+        start = (0, 2, 3)[shift]  # leading characters that mix in the bytes before the secret
+        end = len(text) - (1 if (shift + len(secret)) % 3 else 0)  # the last one mixes in the bytes after
+        core = text[start:end]
+        if len(core) >= MIN_SCRUB_CHARS:
+            cores |= {core, core.replace("+", "-").replace("/", "_")}
+    return cores
+
+
+def _forms(secret: str) -> tuple[set[str], set[str]]:
+    """(forms matched in any letter case, base64 forms matched exactly) of ``secret``."""
+    caseless = {secret, quote(secret, safe=""), quote_plus(secret), quote(secret, safe="/")}
+    return caseless, _base64_cores(secret.encode("utf-8"))
+
+
+def scrub(text: str, secrets: Any = ()) -> str:
+    """``text`` with every secret of ``secrets`` (and of :func:`register_secrets`) replaced by "***", in any
+    letter case, URL-encoded, or base64-encoded (alone or inside longer base64). Secrets shorter than
+    :data:`MIN_SCRUB_CHARS` characters are left alone."""
+    if not isinstance(text, str) or not text:
+        return text
+    with _known_lock:
+        wanted = {s for s in (*secrets, *_known_secrets) if isinstance(s, str) and len(s) >= MIN_SCRUB_CHARS}
+    if not wanted:
+        return text
+    caseless, exact = set(), set()
+    for secret in wanted:
+        a, b = _forms(secret)
+        caseless |= a
+        exact |= b
+    for forms, flags in ((exact, 0), (caseless, re.IGNORECASE)):
+        if forms:
+            pattern = "|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True))
+            text = re.sub(pattern, REDACTED, text, flags=flags)
+    return text
+
+
+def redact_text(text: str, secrets: Any = ()) -> str:
+    """:func:`scrub`, then every URL in ``text`` through :func:`redact_url`."""
+    text = scrub(text, secrets)
+    return _URL_PATTERN.sub(lambda m: redact_url(m.group()), text) if isinstance(text, str) and "://" in text else text
+
+
+def request_secrets(url: Any = None, headers: Any = None, extra_body: Any = None) -> set[str]:
+    """The secret values of one API client's settings: URL password and query values, every header value but those
+    of :data:`SAFE_HEADERS`, every string of the extra body but under :data:`SAFE_BODY_FIELDS`."""
+    found = url_secrets(url)
+    for name, value in dict(headers or {}).items():
+        if str(name).strip().lower() not in SAFE_HEADERS and isinstance(value, str) and value:
+            found.add(value)
+
+    def strings(v: Any, field: str | None) -> None:
+        if isinstance(v, str):
+            if v and field not in SAFE_BODY_FIELDS:
+                found.add(v)
+        elif isinstance(v, Mapping):
+            for k, item in v.items():
+                strings(item, str(k))
+        elif isinstance(v, (list, tuple)):
+            for item in v:
+                strings(item, field)
+
+    strings(extra_body if isinstance(extra_body, Mapping) else {}, None)
+    return found
+
+
+def register_secrets(*values: str | None) -> None:
+    """Make ``values`` known to every later :func:`scrub` of this process (the log filter's included)."""
+    with _known_lock:
+        _known_secrets.update(v for v in values if isinstance(v, str) and len(v) >= MIN_SCRUB_CHARS)
+
+
+class CredentialLogFilter(logging.Filter):
+    """Rewrites a record's message through :func:`redact_text` (URL query values and passwords, known secrets)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record is the logging module's business, not ours
+            return True
+        clean = redact_text(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
+#: the loggers of httpx and httpcore that print requests (a logger's filters see only its own records)
+HTTP_LOGGERS = ("httpx", "httpcore", "httpcore.connection", "httpcore.connection_pool", "httpcore.http11",
+                "httpcore.http2", "httpcore.proxy", "httpcore.socks")
+
+
+def install_log_filter() -> None:
+    """Put one :class:`CredentialLogFilter` on each of :data:`HTTP_LOGGERS` (idempotent)."""
+    for name in HTTP_LOGGERS:
+        target = logging.getLogger(name)
+        if not any(isinstance(f, CredentialLogFilter) for f in target.filters):
+            target.addFilter(CredentialLogFilter())
+
+
+install_log_filter()

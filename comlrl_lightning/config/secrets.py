@@ -12,23 +12,33 @@ secrets by option name, under the trainer options (``comparator_api_*``) and the
   (numbers, booleans and nulls are kept).
 
 Environment-variable names (``comparator_api_key_env``) are kept: the key itself is read at request time.
+
+Free text (error messages, the command line W&B records) cannot be cleaned by option name: :func:`secret_values`
+collects the values the rules above hide, and :func:`scrub` / :func:`redact_text` remove them from any text, in
+any letter case and in URL-encoded and base64 forms. The CLI collects them from its arguments and config files
+before parsing (:func:`secrets_in_argv`), so jsonargparse's parse and value errors print no key, and it hands W&B a
+command line without them (:func:`redact_argv`).
 """
 
 from __future__ import annotations
 
 import copy
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-REDACTED = "***"
+from comlrl_lightning.comparators.api_transport import (
+    REDACTED,
+    SAFE_BODY_FIELDS,
+    SAFE_HEADERS,
+    redact_text,
+    redact_url,
+    scrub,
+    url_secrets,
+)
+
+__all__ = ["REDACTED", "SAFE_BODY_FIELDS", "SAFE_HEADERS", "redact_argv", "redact_body", "redact_headers",
+           "redact_secrets", "redact_text", "redact_url", "scrub", "secret_values", "secrets_in_argv"]
+
 _SECRET_HEADER_WORDS = ("auth", "key", "token", "secret", "cookie")
-#: Header names whose values are never secret (compared lower-case).
-SAFE_HEADERS = frozenset({"accept", "accept-encoding", "accept-language", "content-type", "user-agent",
-                          "anthropic-version", "anthropic-beta", "openai-beta", "openai-organization",
-                          "openai-project"})
-#: Extra-body fields whose string values are never secret.
-SAFE_BODY_FIELDS = frozenset({"model", "stop", "stop_sequences", "reasoning_effort", "effort", "response_format",
-                              "type", "role", "tool_choice", "service_tier", "verbosity", "format", "summary"})
 _KEY_NAMES = ("comparator_api_key", "api_key", "key")
 _HEADER_NAMES = ("comparator_api_headers", "headers")
 _URL_NAMES = ("comparator_api_url", "url", "base_url")
@@ -38,25 +48,6 @@ _BODY_NAMES = ("comparator_api_extra_body", "extra_body")
 def redact_headers(headers: Any) -> dict:
     """A copy of ``headers`` whose values are "***" unless the header is one of :data:`SAFE_HEADERS`."""
     return {h: (v if str(h).strip().lower() in SAFE_HEADERS else REDACTED) for h, v in dict(headers).items()}
-
-
-def redact_url(url: Any) -> Any:
-    """``url`` with every query value and the password of ``user:password@`` replaced by "***"."""
-    if not isinstance(url, str) or not url:
-        return url
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return REDACTED
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        netloc = f"{REDACTED}@{host}" if ":" not in userinfo else f"{userinfo.split(':', 1)[0]}:{REDACTED}@{host}"
-    query = parts.query
-    if query:
-        query = urlencode([(k, REDACTED) for k, _ in parse_qsl(query, keep_blank_values=True)], safe="*")
-    fragment = REDACTED if parts.fragment else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
 
 
 def redact_body(body: Any, field: str | None = None) -> Any:
@@ -114,3 +105,99 @@ def redact_secrets(value: Any) -> Any:
                 object.__setattr__(out, name, red)
         return out
     return value
+
+
+def secret_values(value: Any) -> set[str]:
+    """The strings :func:`redact_secrets` would hide in ``value`` (same walk, same rules): literal keys,
+    header values but the safe ones, URL passwords and query values, extra-body strings but the safe fields."""
+    found: set[str] = set()
+
+    def strings(v: Any, field: str | None = None, safe: frozenset = frozenset()) -> None:
+        if isinstance(v, str):
+            if field not in safe and v:
+                found.add(v)
+        elif isinstance(v, dict) or (hasattr(v, "items") and not isinstance(v, str)):
+            for k, item in dict(v.items()).items():
+                strings(item, str(k) if safe is SAFE_BODY_FIELDS else str(k).strip().lower(), safe)
+        elif isinstance(v, (list, tuple)):
+            for item in v:
+                strings(item, field, safe)
+
+    def walk(v: Any, depth: int = 0) -> None:
+        if depth > 64:
+            return
+        if hasattr(v, "__dataclass_fields__"):
+            items = [(n, getattr(v, n)) for n in v.__dataclass_fields__ if hasattr(v, n)]
+        elif isinstance(v, dict) or (hasattr(v, "keys") and hasattr(v, "__getitem__") and not isinstance(v, str)):
+            items = [(str(k), v[k]) for k in list(v.keys())]
+        elif isinstance(v, (list, tuple)):
+            items = [("", item) for item in v]
+        else:
+            return
+        for k, item in items:
+            name = k.rsplit(".", 1)[-1]
+            if not item:
+                continue
+            if name in _KEY_NAMES and isinstance(item, str):
+                found.add(item)
+            elif name in _URL_NAMES and isinstance(item, str):
+                found.update(url_secrets(item))
+            elif name in _HEADER_NAMES:
+                strings(item, None, SAFE_HEADERS if hasattr(item, "items") else frozenset())
+            elif name in _BODY_NAMES:
+                strings(item, None, SAFE_BODY_FIELDS)
+            else:
+                walk(item, depth + 1)
+
+    walk(value)
+    return found
+
+
+_SECRET_OPTIONS = frozenset((*_KEY_NAMES, *_HEADER_NAMES, *_URL_NAMES, *_BODY_NAMES))
+_CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".jsonc")
+
+
+def secrets_in_argv(args: list[str]) -> set[str]:
+    """The secret values of a ``comlrl-lightning`` command line, before any parsing: the values of options named
+    like a secret (``--model.init_args.args.init_args.comparator_api_key=...``, ``--...comparator_api_headers
+    '{...}'``), and the secrets of every config it names (``--config run.yaml``) or gives inline (YAML/JSON)."""
+    import os
+
+    import yaml
+
+    found: set[str] = set()
+
+    def loaded(text: str) -> Any:
+        try:
+            if text.lower().endswith(_CONFIG_SUFFIXES) and os.path.isfile(text):
+                with open(text, encoding="utf-8") as fh:
+                    return yaml.safe_load(fh)
+            if text.lstrip()[:1] in ("{", "[") or ":" in text and "\n" in text:
+                return yaml.safe_load(text)
+        except (OSError, ValueError, yaml.YAMLError):
+            return None
+        return None
+
+    for i, arg in enumerate(args):
+        option, eq, value = arg.partition("=")
+        if not option.startswith("--"):
+            value, option = arg, ""
+        elif not eq:
+            value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else ""
+        name = option.rsplit(".", 1)[-1].lstrip("-")
+        if name in _SECRET_OPTIONS and value:
+            parsed = loaded(value) if name not in _KEY_NAMES + _URL_NAMES else None
+            found |= secret_values({name: parsed if parsed is not None else value})
+            if parsed is None and name in _HEADER_NAMES + _BODY_NAMES:
+                found.add(value)  # a string jsonargparse will refuse: its error would print it
+        elif value:
+            parsed = loaded(value)
+            if parsed is not None:
+                found |= secret_values(parsed)
+    return found
+
+
+def redact_argv(args: list[str], secrets: set[str] | None = None) -> list[str]:
+    """``args`` with every secret (``secrets``, else :func:`secrets_in_argv`) scrubbed from every argument."""
+    secrets = secrets_in_argv(args) if secrets is None else secrets
+    return [scrub(a, secrets) for a in args]

@@ -5,11 +5,17 @@ MARLHFIter with an API comparator), CSV logger and checkpoints on; then every fi
 scanned for the key (``hparams.yaml``, ``config.yaml``, ``metrics.csv``, round files, snapshots, ``.ckpt`` bytes
 and their unpickled contents). The key sits in ``comparator_api_key``, a custom header, the URL query, the extra
 body and the environment; ``--print_config`` never prints it either.
+
+Issue 31, item 6: the CLI run also takes the key on its command line and logs to an offline W&B run: stdout,
+stderr (file descriptors, so W&B's and Lightning's own prints count) and every W&B file (the binary ``.wandb``
+run with its recorded arguments, the debug logs) are scanned too; parse and value errors print no key.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import sys
 
 import pytest
 import torch
@@ -116,7 +122,11 @@ def test_marlhf_iter_with_api_comparator_has_no_key(tiny_model_dir, tmp_path, se
     _assert_clean(tmp_path)
 
 
-def _cli_config(tmp_path, server, tiny_model_dir) -> str:
+def _key_forms() -> list[str]:
+    return [KEY, KEY.lower(), KEY.upper(), base64.b64encode(KEY.encode()).decode()[:-4]]
+
+
+def _cli_config(tmp_path, server, tiny_model_dir, wandb: bool = False) -> str:
     train = tmp_path / "train.jsonl"
     train.write_text("\n".join(json.dumps(item) for item in task_items(2)) + "\n")
     root = tmp_path / "run"
@@ -126,7 +136,9 @@ def _cli_config(tmp_path, server, tiny_model_dir) -> str:
             "accelerator": "cpu", "devices": 1, "default_root_dir": str(root), "max_epochs": 1,
             "reload_dataloaders_every_n_epochs": 1, "num_sanity_val_steps": 0, "enable_progress_bar": False,
             "enable_model_summary": False,
-            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(root)}},
+            "logger": [{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(root)}}]
+            + ([{"class_path": "lightning.pytorch.loggers.WandbLogger",
+                 "init_args": {"save_dir": str(root), "offline": True, "project": "secret-scan"}}] if wandb else []),
             "callbacks": [
                 {"class_path": "comlrl_lightning.callbacks.IterativePreferenceCollection"},
                 {"class_path": "comlrl_lightning.callbacks.ReplaySelection"},
@@ -149,17 +161,55 @@ def _cli_config(tmp_path, server, tiny_model_dir) -> str:
     return str(path)
 
 
-def test_madpo_iter_cli_run_and_print_config_have_no_key(tiny_model_dir, tmp_path, server, capsys):
+def test_madpo_iter_cli_run_and_print_config_have_no_key(tiny_model_dir, tmp_path, server, capfd, monkeypatch):
+    import wandb
+
     from comlrl_lightning.cli import main
 
-    config = _cli_config(tmp_path, server, tiny_model_dir)
+    config = _cli_config(tmp_path, server, tiny_model_dir, wandb=True)
     with pytest.raises(SystemExit):
         main(["fit", "--config", config, "--print_config"])
-    printed = capsys.readouterr().out
+    printed = capfd.readouterr().out
     assert "comparator_api_url" in printed and KEY not in printed
 
-    main(["fit", "--config", config])
+    # the key on the command line too, as a user types it: W&B records sys.argv as the run's arguments
+    key_option = f"--model.init_args.args.init_args.comparator_api_key={KEY}"
+    monkeypatch.setattr(sys, "argv", ["comlrl-lightning", "fit", "--config", config, key_option])
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "run"))
+    try:
+        main()
+    finally:
+        wandb.finish()
+        wandb.teardown()  # joins W&B's service process: every record is on disk
+    assert sys.argv[-1] == key_option  # restored for the caller
+    out, err = capfd.readouterr()
+    assert not [f for f in _key_forms() if f in out + err], (out[-2000:], err[-2000:])
     assert server.requests and all(r.headers["authorization"] == f"Bearer {KEY}" for r in server.requests)
     root = tmp_path / "run"
     assert any(p.name == "config.yaml" for p in root.rglob("*"))
-    _assert_clean(root)
+    runs = list(root.rglob("*.wandb"))
+    assert len(runs) == 1, sorted(p.name for p in root.rglob("*"))
+    record = runs[0].read_bytes()  # the run's metadata record lists the arguments, each one a protobuf string
+    assert b"--model.init_args.args.init_args.comparator_api_key=***" in record and b"--config" in record
+    _assert_clean(root, min_files=6)
+
+
+@pytest.mark.parametrize("bad", [
+    "--model.init_args.args.init_args.comparator_api_extra_body={KEY}",  # a string where a mapping goes
+    "--model.init_args.args.init_args.comparator_api_timeout=-1",  # a value error of the config
+    "--model.init_args.args.init_args.comparator_api_key={KEY}x",  # fine, with a bad value next
+])
+def test_cli_parse_and_value_errors_print_no_key(tiny_model_dir, tmp_path, server, capfd, bad):
+    from comlrl_lightning.cli import main
+
+    config = _cli_config(tmp_path, server, tiny_model_dir)
+    argv = ["fit", "--config", config, bad.format(KEY=KEY)]
+    if "api_key" in bad:
+        argv.append("--model.init_args.args.init_args.num_agents=0")
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    out, err = capfd.readouterr()
+    assert "error:" in err and "comparator_api" in err, err[-3000:]
+    assert not [f for f in _key_forms() if f in out + err], err[-3000:]

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from comlrl_lightning.comparators.api_client import APIComparatorClient
 from comlrl_lightning.comparators.api_formats import CompletionRequest
+from comlrl_lightning.comparators.api_transport import endpoint_of
 
 DEFAULT_EXPERT_MODEL = "deepseek-coder"
 #: expert_model substring -> (OpenAI-compatible or Anthropic endpoint, format, key variable), as CoMLRL's router
@@ -44,9 +45,9 @@ def default_expert(model: str | None = None, url: str | None = None, format: str
                          "OpenAI-compatible chat-completions URL) and EXPERT_API_KEY, pass expert_url=..., or pass "
                          "client=<callable(messages) -> str>.")
     if not os.environ.get(key_env):
-        raise ValueError(f"expert_edits: the expert {model!r} at {url} needs an API key in the environment "
-                         f"variable {key_env}; set {key_env} (or EXPERT_API_KEY), pass expert_key_env=<variable>, or "
-                         "pass client=<callable(messages) -> str>.")
+        raise ValueError(f"expert_edits: the expert {model!r} at {endpoint_of(url)} needs an API key in the "
+                         f"environment variable {key_env}; set {key_env} (or EXPERT_API_KEY), pass "
+                         "expert_key_env=<variable>, or pass client=<callable(messages) -> str>.")
     return url, fmt, key_env, model
 
 
