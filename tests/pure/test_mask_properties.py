@@ -62,13 +62,13 @@ def any_ids(min_size=0, max_size=12):
 def generated_row(draw, pad, eos):
     """One generated row as ``generate`` returns it, and the tokens policy gradient must score.
 
-    Kinds: stopped at EOS then right-padded (pad ids; with pad == eos the padding is more EOS ids); cut by
-    ``max_new_tokens`` (no EOS; right-padded up to the batch's longest row). The body holds no special id."""
+    Kinds: stopped at EOS then right-padded up to the batch's longest row (pad ids; with pad == eos the padding
+    is more EOS ids); cut by ``max_new_tokens`` (no EOS, and no padding: no row is longer). The body holds no
+    special id."""
     body = draw(st.lists(st.integers(0, V - 1).filter(lambda x: x not in (pad, eos)), max_size=10))
-    padding = [pad] * draw(st.integers(0, 4))
     if draw(st.booleans()):
-        return body + [eos] + padding, body + [eos], "eos"
-    return body + padding, body, "max_new_tokens"
+        return body + [eos] + [pad] * draw(st.integers(0, 4)), body + [eos], "eos"
+    return body, body, "max_new_tokens"
 
 
 def pg_expected(body_and_eos, kind, pad, eos):
