@@ -1,13 +1,15 @@
 """The oracle: ``reward_func`` (+ optional ``reward_processor``) with signature dispatch and value checks.
 
 A reward that raises, or returns NaN, inf, None or the wrong number of values is an error naming the task
-item (docs/decisions.md, decision 9): an update is never silently skipped.
+item (docs/decisions.md, decision 9): an update is never silently skipped. A reward that does not return within
+``reward_timeout`` seconds is one too (:class:`BoundedCall`, docs/multiturn.md §6.4).
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +18,89 @@ import torch
 
 class RewardError(ValueError):
     """The reward function failed or returned an unusable value; the message names the task item."""
+
+
+class UserCodeTimeout(TimeoutError):
+    """A user callable (reward function, transition) did not return within its timeout option."""
+
+
+def check_timeout_option(name: str, value: Any) -> float | None:
+    """``value`` of a timeout option (seconds) as a float, or None (no limit); anything else is a ValueError."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds or None (no limit); got {value!r}.")
+    return float(value)
+
+
+def _label(fn: Any) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{name}" if module and module not in ("builtins", "__main__") else str(name)
+
+
+class BoundedCall:
+    """``fn`` with a deadline on every call: the call runs on a worker thread, and when it has not returned
+    after ``timeout`` seconds the caller gets :class:`UserCodeTimeout` naming ``role``, the function, ``option``
+    and (through ``describe(args, kwargs)``) what it was called on.
+
+    Python cannot stop a running call from outside: the stuck call is left running on its daemon thread, which
+    holds what it holds (CPU, memory, open files) until it returns or the process exits. The error stops the
+    run (Lightning ends ``fit`` on it), and at exit the daemon thread does not hold the process up.
+
+    The call sees what the caller sees (arguments, globals) and the caller's torch grad mode, but not other
+    thread-local state of the calling thread; inside it, ``signal.alarm`` and other main-thread-only tools do
+    not work. ``inspect.signature`` sees ``fn``'s own signature (``__wrapped__``) and every other attribute is
+    ``fn``'s, so signature dispatch and attributes such as ``reward_range`` or ``register`` work as before.
+    """
+
+    def __init__(self, fn: Callable, timeout: float, option: str, role: str,
+                 describe: Callable[[tuple, dict], str] | None = None) -> None:
+        self.__wrapped__ = fn
+        self.timeout, self.option, self.role, self.describe = timeout, option, role, describe
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fn, box, done = self.__wrapped__, {}, threading.Event()
+        grad = torch.is_grad_enabled()
+
+        def run() -> None:
+            try:
+                with torch.set_grad_enabled(grad):
+                    box["value"] = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
+                box["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=f"{self.option}:{_label(fn)}", daemon=True).start()
+        if not done.wait(self.timeout):
+            on = f" on {self.describe(args, kwargs)}" if self.describe is not None else ""
+            raise UserCodeTimeout(
+                f"{self.role} {_label(fn)} did not return within {self.option}={self.timeout:g} s{on}. The call is "
+                f"left running on a daemon thread and the run stops here; raise {self.option} (seconds, None = no "
+                "limit) if it needs longer, or find what blocks it.")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "__wrapped__":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.__wrapped__, name)
+
+    def __repr__(self) -> str:
+        return f"BoundedCall({self.__wrapped__!r}, {self.option}={self.timeout:g})"
+
+
+def bounded(fn: Callable, timeout: float | None, option: str, role: str,
+            describe: Callable[[tuple, dict], str] | None = None) -> Callable:
+    """``fn`` itself when ``timeout`` is None, else a :class:`BoundedCall` (``timeout`` checked as ``option``)."""
+    timeout = check_timeout_option(option, timeout)
+    if timeout is None or fn is None:
+        return fn
+    if isinstance(fn, BoundedCall):
+        fn = fn.__wrapped__
+    return BoundedCall(fn, timeout, option, role, describe)
 
 
 def _signature_plan(fn: Callable) -> tuple[bool, int, bool, bool, bool] | None:
@@ -111,15 +196,19 @@ class RewardOracle:
 
     ``score`` calls ``reward_func`` once per joint response (one single-element completion list per agent,
     as upstream does), checks the value, and returns ``(processed, raw)`` where processed =
-    ``reward_processor(raw)`` (identity by default).
+    ``reward_processor(raw)`` (identity by default). With ``timeout`` (seconds; the data module's
+    ``reward_timeout``), ``reward_func`` is a :class:`BoundedCall`: every caller of ``oracle.reward_func`` gets
+    the deadline, and a call past it is a :class:`RewardError` naming the item and the function.
     """
 
-    def __init__(self, reward_func: Callable, reward_processor: Callable[[float], float] | None = None):
+    def __init__(self, reward_func: Callable, reward_processor: Callable[[float], float] | None = None,
+                 timeout: float | None = None):
         if not callable(reward_func):
             raise ValueError(f"reward_func must be a callable; got {type(reward_func).__name__}.")
         if reward_processor is not None and not callable(reward_processor):
             raise ValueError(f"reward_processor must be a callable or None; got {type(reward_processor).__name__}.")
-        self.reward_func = reward_func
+        self.timeout = check_timeout_option("reward_timeout", timeout)
+        self.reward_func = bounded(reward_func, self.timeout, "reward_timeout", "reward_func")
         self.reward_processor = reward_processor
 
     def score(self, prompts: Sequence[str], completions: Sequence[str], item: dict,

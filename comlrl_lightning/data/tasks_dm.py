@@ -45,6 +45,10 @@ class TaskDataModule(EvalDataloaders, L.LightningDataModule):
         prompt_field: the item field holding the raw prompt.
         shuffle: shuffle the items every epoch (upstream: no shuffle).
         seed: seed of the per-epoch shuffle (epoch e uses ``seed + e``).
+        reward_timeout: seconds one ``reward_func`` call may take (None: no limit); a call past it stops the run
+            with an error naming the task item and the function (docs/multiturn.md §6.4).
+        transition_timeout: the same for one ``external_transition`` call (the error names the turn, the branch
+            and the item's prompt).
     """
 
     def __init__(
@@ -61,10 +65,19 @@ class TaskDataModule(EvalDataloaders, L.LightningDataModule):
         prompt_field: str = "prompt",
         shuffle: bool = False,
         seed: int = 0,
+        reward_timeout: float | None = None,
+        transition_timeout: float | None = None,
     ):
         super().__init__()
+        from comlrl_lightning.multiturn.transitions import bound_transition
+        from comlrl_lightning.rewards import RewardOracle, check_timeout_option
+
+        self.reward_timeout = check_timeout_option("reward_timeout", reward_timeout)
+        self.transition_timeout = check_timeout_option("transition_timeout", transition_timeout)
         self.oracle, self.formatters, self.train_items, self.eval_items = load_task_setup(
             train_dataset, eval_dataset, reward_func, reward_processor, formatters, num_agents, prompt_field)
+        if self.reward_timeout is not None:
+            self.oracle = RewardOracle(self.oracle.reward_func, self.oracle.reward_processor, self.reward_timeout)
         transition = resolve_callable(external_transition, "external_transition")
         if external is not None:
             if external_transition_options is not None:
@@ -82,6 +95,7 @@ class TaskDataModule(EvalDataloaders, L.LightningDataModule):
         self.prompt_field = prompt_field
         if hasattr(transition, "register"):  # transitions that look tasks up by prompt (code environment)
             transition.register(self.train_items + self.eval_items)
+        self.external_transition = bound_transition(transition, self.transition_timeout)
         if not self.train_items:
             raise ValueError("train_dataset is empty: there is nothing to train on.")
         self.shuffle = shuffle

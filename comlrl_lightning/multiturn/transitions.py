@@ -15,6 +15,7 @@ branch up to and including that turn. Nothing else is ever passed: bind extra op
 :func:`call_transition` calls it the way upstream does (keywords) and validates the result;
 :func:`next_prompts` turns the returned strings into the prompts the agents see (docs/multiturn.md §7.3);
 :func:`plain_transition` is a ready-made transition (history + a revise instruction).
+:func:`bound_transition` gives a transition a deadline per call (the data module's ``transition_timeout``).
 """
 
 from __future__ import annotations
@@ -87,6 +88,25 @@ def check_transition_signature(fn: Any, name: str = "external_transition") -> No
             "agent_completions, num_agents (by keyword, or positionally when it names them otherwise), plus "
             "prompt_history_per_agent and response_history_per_agent when it declares them or takes **kwargs; "
             "bind any other parameter with functools.partial or a closure.") from None
+
+
+def _describe_call(args: tuple, kwargs: dict) -> str:
+    prompt = kwargs.get("prompt", args[0] if args else "")
+    text = " ".join(str(prompt).split())
+    return f"the item with prompt {text[:80] + ('...' if len(text) > 80 else '')!r}"
+
+
+def bound_transition(transition: Callable | None, timeout: float | None) -> Callable | None:
+    """``transition`` with a deadline of ``timeout`` seconds per call (None: ``transition`` itself).
+
+    A call past it raises :class:`~comlrl_lightning.rewards.UserCodeTimeout` naming the transition and the item's
+    prompt, which :func:`call_transition` reports as a :class:`TransitionError` with the turn and branch. The stuck
+    call is left running on a daemon thread and the run stops (see :class:`~comlrl_lightning.rewards.BoundedCall`);
+    signature dispatch and attributes (``register``, ``bind``) are the transition's own.
+    """
+    from comlrl_lightning.rewards import bounded
+
+    return bounded(transition, timeout, "transition_timeout", "external_transition", _describe_call)
 
 
 def call_transition(
