@@ -30,9 +30,11 @@ from typing import Any
 
 import torch
 
-#: Largest flat buffer of :func:`average_gradients`, in elements (64 MiB of float32): a bigger agent is reduced in
-#: several buckets, so the transient copy stays bounded whatever the model size.
+#: Largest flat buffer of :func:`average_gradients`'s small gradients, in elements (64 MiB of float32).
 GRADIENT_BUCKET_NUMEL = 16 * 1024 * 1024
+#: Gradients of at least this many elements are all-reduced in place by :func:`average_gradients` (no copy); the
+#: smaller ones travel together in flat buckets.
+IN_PLACE_NUMEL = 1 << 20
 
 #: Distance between the seeds of two ranks (a prime far above the per-agent offsets used by the streams).
 RANK_SEED_STRIDE = 1_000_000_007
@@ -161,26 +163,37 @@ def per_rank_entry(states: Any, rank: int, world_size: int, what: str) -> Any:
     return states[rank]
 
 
-def average_gradients(params: list[torch.Tensor], world_size: int, bucket_numel: int = GRADIENT_BUCKET_NUMEL) -> int:
+def average_gradients(params: list[torch.Tensor], world_size: int, bucket_numel: int = GRADIENT_BUCKET_NUMEL,
+                      in_place_numel: int = IN_PLACE_NUMEL) -> int:
     """Average the ``.grad`` of ``params`` over the ranks, in place, and return the number of ``all_reduce`` calls.
 
     A collective: every rank calls it with the same parameters (same order, shapes, dtypes, devices), e.g. those of
-    one agent's optimizer just before its step. The gradients are copied into flat buckets (one per device and
-    dtype, split at ``bucket_numel`` elements), summed with one ``all_reduce`` per bucket and divided by
-    ``world_size``: DDP's average. Each bucket also carries one flag per parameter, so that a parameter with no
-    gradient on some ranks counts as zero there (as DDP with ``find_unused_parameters``), and a parameter with no
-    gradient on every rank keeps ``grad=None`` (the optimizer skips it, as it would in one process). With one rank
-    (or no process group) nothing happens.
+    one agent's optimizer just before its step. Gradients of at least ``in_place_numel`` elements are summed in
+    place (no copy); the smaller ones are copied into flat buckets (one per device and dtype, split at
+    ``bucket_numel`` elements), so that many small tensors cost few calls. Every ``all_reduce`` is started
+    asynchronously and awaited at the end; the sums are then divided by ``world_size``: DDP's average. One more
+    small ``all_reduce`` counts, per parameter, the ranks that hold a gradient: a parameter with no gradient on
+    some ranks counts as zero there (as DDP with ``find_unused_parameters``), and one with no gradient on any
+    rank keeps ``grad=None`` (the optimizer skips it, as it would in one process). With one rank (or no process
+    group) nothing happens.
     """
-    if not _group_ready(world_size):
+    if not _group_ready(world_size) or not params:
         return 0
     import torch.distributed as dist
 
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=params[0].device)
+    works = [dist.all_reduce(has_grad, async_op=True)]
+    for p in params:  # a rank without a gradient adds zeros
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    small: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for p in params:
-        groups.setdefault((p.device, p.dtype), []).append(p)
-    calls = 0
-    for (device, dtype), members in groups.items():
+        if p.grad.numel() >= in_place_numel and p.grad.is_contiguous():
+            works.append(dist.all_reduce(p.grad, async_op=True))
+        else:
+            small.setdefault((p.grad.device, p.grad.dtype), []).append(p)
+    buckets: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
+    for members in small.values():
         start = 0
         while start < len(members):
             bucket, size = [], 0
@@ -188,21 +201,21 @@ def average_gradients(params: list[torch.Tensor], world_size: int, bucket_numel:
                 bucket.append(members[start])
                 size += members[start].numel()
                 start += 1
-            parts = [p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=dtype,
-                                                                                          device=device)
-                     for p in bucket]
-            flags = torch.tensor([p.grad is not None for p in bucket], dtype=dtype, device=device)
-            flat = torch.cat([*parts, flags])
-            dist.all_reduce(flat)
-            calls += 1
-            offset = 0
-            for p, used in zip(bucket, flat[size:].tolist()):
-                n = p.numel()
-                if used > 0:  # the division and the copy back in one pass, as DDP's reducer does
-                    reduced = flat[offset:offset + n].view_as(p)
-                    if p.grad is None:
-                        p.grad = torch.div(reduced, world_size)
-                    else:
-                        torch.div(reduced, world_size, out=p.grad)
-                offset += n
-    return calls
+            flat = torch.cat([p.grad.detach().reshape(-1) for p in bucket])
+            works.append(dist.all_reduce(flat, async_op=True))
+            buckets.append((flat, bucket))
+    for work in works:
+        work.wait()
+    in_place = [p.grad for p in params if p.grad.numel() >= in_place_numel and p.grad.is_contiguous()]
+    if in_place:
+        torch._foreach_div_(in_place, world_size)
+    for flat, bucket in buckets:  # the division and the copy back in one pass, as DDP's reducer does
+        offset = 0
+        for p in bucket:
+            n = p.numel()
+            torch.div(flat[offset:offset + n].view_as(p.grad), world_size, out=p.grad)
+            offset += n
+    for p, count in zip(params, has_grad.tolist()):
+        if count == 0:
+            p.grad = None
+    return len(works)

@@ -46,8 +46,8 @@ def test_plain_ddp_equals_ddp_reducer_for_every_family(tiny_model_dir, tmp_path)
 
 
 def test_average_gradients_on_two_gloo_processes(tmp_path):
-    """Buckets split by size and by dtype; a gradient missing on one rank counts as zero there; a gradient missing
-    on every rank stays None."""
+    """Large gradients reduced in place, small ones in buckets split by size and by dtype; a gradient missing on one
+    rank counts as zero there; a gradient missing on every rank stays None."""
     script = textwrap.dedent("""
         import os, sys
         import torch, torch.distributed as dist
@@ -63,10 +63,11 @@ def test_average_gradients_on_two_gloo_processes(tmp_path):
             p.grad = grads[rank][i].clone()
         params[3].grad = None if rank == 1 else params[3].grad  # used on rank 0 only
         params[4].grad = None  # used nowhere
-        calls = average_gradients(params, 2, bucket_numel=12)
+        calls = average_gradients(params, 2, bucket_numel=12, in_place_numel=12)
         expected = [(grads[0][i] + grads[1][i]) / 2 for i in range(3)] + [grads[0][3] / 2]
         ok = all(torch.allclose(p.grad, e) for p, e in zip(params, expected)) and params[4].grad is None
-        # float32: [12] [5 + 7] [2, None]; float64: [2]
+        # the counts of gradients; in place: the 12 elements; float32 buckets [5 + 7] [2 (None everywhere)];
+        # float64: [2]
         print("RESULT", ok, calls, params[2].grad.dtype)
         dist.destroy_process_group()
     """)
@@ -79,7 +80,7 @@ def test_average_gradients_on_two_gloo_processes(tmp_path):
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (stdout, stderr) in zip(procs, outs):
         assert p.returncode == 0, stderr[-2000:]
-        assert "RESULT True 4 torch.float64" in stdout
+        assert "RESULT True 5 torch.float64" in stdout
 
 
 def test_average_gradients_is_identity_without_process_group():
