@@ -116,10 +116,14 @@ def encode_prompts(model: Any, tokenizer: Any, prompts: Sequence[str],
     return cut, any(len(a) != len(b) for a, b in zip(cut, prompt_ids))
 
 
-def cut_at_pad(row: Sequence[int], pad_id: int | None) -> list[int]:
-    """Generated ids up to (excluding) the first pad token; with pad != eos the EOS token stays in."""
+def cut_at_pad(row: Sequence[int], pad_id: int | None, eos_id: int | None = None) -> list[int]:
+    """Generated ids up to (excluding) the first pad token; the EOS token stays in, also when it equals the pad
+    token (``eos_id == pad_id``: the first one is the sampled stop token, the rest padding)."""
     row = list(row)
-    return row[:row.index(pad_id)] if pad_id in row else row
+    if pad_id not in row:
+        return row
+    cut = row.index(pad_id)
+    return row[:cut + 1] if eos_id is not None and eos_id == pad_id else row[:cut]
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:
@@ -327,7 +331,7 @@ def sample_completions(
                 generated += out[:, enc["input_ids"].shape[1]:].tolist()
     finally:
         model.train(was_training)
-    completion_ids = [[cut_at_pad(generated[p * num_candidates + c], pad_id) for c in range(num_candidates)]
+    completion_ids = [[cut_at_pad(generated[p * num_candidates + c], pad_id, eos_id) for c in range(num_candidates)]
                       for p in range(len(prompts))]
     with _TOKENIZER_LOCK:
         texts = [[tokenizer.decode(ids, skip_special_tokens=True) for ids in rows] for rows in completion_ids]

@@ -26,13 +26,14 @@ def trim_at_pad(ids: Sequence[int], pad_id: int | None) -> list[int]:
 
 
 def trim_completion(ids: Sequence[int], eos_id: int | None, pad_id: int | None) -> list[int]:
-    """Policy-gradient completion tokens (docs/decisions.md, decision 4): up to (excluding) the first pad and up to
-    (including)
-    the first EOS; nothing after the first EOS counts. When pad == eos the EOS goes with the padding."""
-    ids = trim_at_pad(ids, pad_id)
+    """Policy-gradient completion tokens (docs/decisions.md, decision 4): up to (including) the first EOS and up to
+    (excluding) the first pad; nothing after the first EOS counts. When pad == eos the first one is the sampled EOS
+    and counts; the ones after it are padding."""
+    ids = list(ids)
     if eos_id is not None and eos_id in ids:
         ids = ids[: ids.index(eos_id) + 1]
-    return ids
+        return ids if eos_id == pad_id else trim_at_pad(ids, pad_id)
+    return trim_at_pad(ids, pad_id)
 
 
 def build_scoring_batch(
@@ -40,10 +41,14 @@ def build_scoring_batch(
     completion_ids: Sequence[Sequence[int]],
     pad_id: int,
     drop_last: bool = True,
+    eos_id: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Right-padded rows ``[prompt ; completion]`` with a mask of the scored completion positions.
 
-    For row r with prompt length P and trimmed completion c of length C, the scored tokens are
+    ``drop_last`` (decentralized MADPO, docs/decisions.md, decision 3): c is the completion cut at its first pad
+    (with pad == eos the EOS goes with it) and its last token is not scored. Otherwise (policy gradient, centralized
+    scoring) c is :func:`trim_completion` with ``eos_id``: every token up to and including the first EOS, an EOS
+    equal to pad included. For row r with prompt length P and c of length C, the scored tokens are
     c[0 .. C-2] when ``drop_last`` (c[0 .. C-1] otherwise), i.e. input positions P .. P+C-2.
     Returns ``input_ids`` [R, L], ``attention_mask`` [R, L] and ``score_mask`` [R, L] (1 where the token at
     that position is scored).
@@ -52,9 +57,7 @@ def build_scoring_batch(
         raise ValueError("prompt_ids and completion_ids must have the same number of rows")
     rows, masks = [], []
     for p, c in zip(prompt_ids, completion_ids):
-        c = trim_at_pad(c, pad_id)
-        if drop_last:
-            c = c[:-1]
+        c = trim_at_pad(c, pad_id)[:-1] if drop_last else trim_completion(c, eos_id, pad_id)
         if not p:
             raise ValueError("a scoring row has an empty prompt; every row needs at least one prompt token")
         rows.append(list(p) + c)

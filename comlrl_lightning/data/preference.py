@@ -163,7 +163,8 @@ class PreferenceDataModule(EvalDataloaders, L.LightningDataModule):
             prompts = [pr for pr, _, _ in ids] * 2
             comps = [w for _, w, _ in ids] + [lo for _, _, lo in ids]
             agents.append(build_scoring_batch(prompts, comps, self.tokenizers[a].pad_token_id,
-                                              drop_last=not self.score_last_token))
+                                              drop_last=not self.score_last_token,
+                                              eos_id=self.tokenizers[a].eos_token_id))
         return {
             "agents": agents,
             "pair_index": torch.tensor(indices, dtype=torch.long),

@@ -457,7 +457,9 @@ class VLLMEngine:
             tok = self.team.tokenizers[r.agent_index]
             ids, _ = encoded[q]
             k = r.num_candidates
-            rows = [[cut_at_pad(outputs[q][p * k + c], tok.pad_token_id) for c in range(k)] for p in range(len(ids))]
+            eos = tok.eos_token_id if tok.eos_token_id is not None else tok.pad_token_id
+            rows = [[cut_at_pad(outputs[q][p * k + c], tok.pad_token_id, eos) for c in range(k)]
+                    for p in range(len(ids))]
             texts = [[tok.decode(c, skip_special_tokens=True) for c in row] for row in rows]
             lps = [[None if logprobs[q][p * k + c] is None else logprobs[q][p * k + c][:len(rows[p][c])]
                      for c in range(k)] for p in range(len(ids))]

@@ -187,7 +187,7 @@ class ActorCriticModule(TeamModuleBase):
         pad, eos = self._ids(i)
         prompts = [s["prompt_ids"] for s in samples]
         comps = [trim_completion(s["completion_ids"], eos, pad) for s in samples]
-        batch = build_scoring_batch(prompts, comps, pad, drop_last=False)
+        batch = build_scoring_batch(prompts, comps, pad, drop_last=False, eos_id=eos)
         q = self.args.critic_type == "q"
         pos = torch.tensor([len(p) - 1 + (len(c) if q else 0) for p, c in zip(prompts, comps)])
         device = self.agent_device(i)

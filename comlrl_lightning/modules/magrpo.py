@@ -70,7 +70,7 @@ def completion_batch(prompt_ids: Sequence[Sequence[int]], completion_ids: Sequen
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id
     rows = [trim_completion(c, eos, pad) for c in completion_ids]
-    return build_scoring_batch(prompt_ids, rows, pad, drop_last=False)
+    return build_scoring_batch(prompt_ids, rows, pad, drop_last=False, eos_id=eos)
 
 
 class MAGRPOModule(TeamModuleBase):

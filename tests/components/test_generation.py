@@ -138,7 +138,10 @@ def test_own_generator_draws_what_hf_draws_from_the_seeded_global_rng(model_and_
     for seed in range(3):
         own = sample_completions(model, tok, PROMPTS, 4, settings, SamplingStream(seed), own_generator=True)
         hf = sample_completions(model, tok, PROMPTS, 4, settings, SamplingStream(seed), own_generator=False)
-        assert own == hf
+        assert (own.prompt_ids, own.completion_ids, own.texts) == (hf.prompt_ids, hf.completion_ids, hf.texts)
+        # only the own sampler sees the drawn token with its scores: it alone reports log-probs
+        assert hf.logprobs is None and [[len(x) for x in row] for row in own.logprobs] == \
+            [[len(c) for c in row] for row in own.completion_ids]
 
 
 def test_settings_the_sampler_cannot_reproduce_use_the_global_rng(model_and_tok):

@@ -107,7 +107,7 @@ def check_slices(team, prompts, samples, calls, expected_prompt_ids):
             assert call["out"][row, :width].tolist() == call["input_ids"][p].tolist()
             # the completion is what generate appended after the padded prompt width, cut at its first pad
             generated = call["out"][row, width:].tolist()
-            assert samples.completion_ids[p][c] == cut_at_pad(generated, pad)
+            assert samples.completion_ids[p][c] == cut_at_pad(generated, pad, tok.eos_token_id)
             assert samples.texts[p][c] == tok.decode(samples.completion_ids[p][c], skip_special_tokens=True)
 
 

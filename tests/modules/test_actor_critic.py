@@ -81,7 +81,7 @@ def test_joint_critic_text_and_completion_trim():
         "[Agent 0] p0\n\n[Agent 1] p1\n\n[Joint Action]\n\n[Agent 0 action]\na\n\n[Agent 1 action]\nb")
     assert trim_completion([5, 6, 1, 0, 0], pad_id=0, eos_id=1) == [5, 6, 1]  # EOS kept, padding dropped
     assert trim_completion([5, 6, 1, 7, 8], pad_id=0, eos_id=1) == [5, 6, 1]  # nothing after EOS counts
-    assert trim_completion([5, 6, 1, 1, 1], pad_id=1, eos_id=1) == [5, 6]  # pad == eos: EOS is padding
+    assert trim_completion([5, 6, 1, 1, 1], pad_id=1, eos_id=1) == [5, 6, 1]  # pad == eos: the first is the EOS
 
 
 def attached_module(model_dir, **kw) -> ActorCriticModule:

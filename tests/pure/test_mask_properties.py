@@ -75,7 +75,7 @@ def pg_expected(body_and_eos, kind, pad, eos):
     """Policy-gradient tokens as implemented: up to and including the first EOS; with pad == eos the engines cut
     the EOS with the padding (generation.cut_at_pad; logprobs.trim_completion), see
     test_pad_eq_eos_policy_gradient_scores_the_eos."""
-    return body_and_eos[:-1] if kind == "eos" and pad == eos else body_and_eos
+    return body_and_eos
 
 
 def history_prompt(draw, pad, eos, turns):
@@ -127,7 +127,7 @@ def pg_batch(draw):
 @given(pg_batch())
 def test_policy_gradient_rows_score_exactly_the_sampled_completion_up_to_eos(case):
     pad, eos, prompts, rows = case
-    sampled = [cut_at_pad(raw, pad) for raw, _, _ in rows]  # what an engine returns
+    sampled = [cut_at_pad(raw, pad, eos) for raw, _, _ in rows]  # what an engine returns
     expected = [pg_expected(b, kind, pad, eos) for _, b, kind in rows]
     magrpo = completion_batch(prompts, sampled, Tok(pad, eos))
     ac_self = SimpleNamespace(_ids=lambda i: (pad, eos), args=SimpleNamespace(critic_type="v"),
@@ -150,7 +150,7 @@ def test_nothing_after_the_first_eos_counts(ids, before, after):
     pad, eos = ids
     before = [t for t in before if t not in (pad, eos)]
     kept = trim_completion(before + [eos] + after, eos, pad)
-    assert kept == (before if pad == eos else before + [eos])
+    assert kept == before + [eos]
     assert trim_completion(before, eos, pad) == before  # no EOS: every token is kept
 
 
@@ -163,15 +163,10 @@ def test_trim_at_pad_cuts_at_the_first_pad_only(ids, pad):
     assert trim_at_pad(ids, None) == ids
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pad == eos: generation.cut_at_pad (both engines) and logprobs.trim_completion drop the EOS with the padding, "
-    "so the EOS the policy sampled never carries loss; issue 28 item 3 and docs/decisions.md, decision 4 ('EOS "
-    "after EOS' is the padding) want it scored. Needs cut_at_pad/trim_completion to keep an EOS equal to pad and "
-    "build_scoring_batch(drop_last=False) to keep it too (callers in modules/ and data/ pass the EOS id)."))
 def test_pad_eq_eos_policy_gradient_scores_the_eos():
     pad = eos = 1
     raw = [5, 6, eos, pad, pad]
-    batch = completion_batch([[9]], [cut_at_pad(raw, pad)], Tok(pad, eos))
+    batch = completion_batch([[9]], [cut_at_pad(raw, pad, eos)], Tok(pad, eos))
     assert_row(batch, 0, [9], [5, 6, eos], pad)
 
 
@@ -200,7 +195,7 @@ def pair_case(draw):
     samples = []
     for _ in range(agents):
         prompts = [draw(any_ids(min_size=1, max_size=8)) for _ in range(items)]
-        comps = [[cut_at_pad(draw(generated_row(pad, eos))[0], pad) for _ in range(cands)] for _ in range(items)]
+        comps = [[cut_at_pad(draw(generated_row(pad, eos))[0], pad, eos) for _ in range(cands)] for _ in range(items)]
         samples.append(Samples(prompts, comps, [[f"t{len(c)}" for c in row] for row in comps]))
     rewards = draw(st.lists(st.floats(-1, 1), min_size=items * cands, max_size=items * cands))
     return pad, eos, agents, items, cands, samples, rewards
@@ -241,20 +236,16 @@ def test_madpo_pair_rows_follow_the_last_token_rule_exactly(case, centralized):
         for i, p in enumerate(pairs):
             for r, comp in ((i, p.winner_token_ids[a]), (b + i, p.loser_token_ids[a])):
                 kept = trim_at_pad(comp, pad)
-                assert kept == comp  # the engines already cut at the first pad
-                scored = kept if centralized else kept[:-1]
+                assert trim_completion(comp, eos, pad) == comp  # the engines already cut at the first pad
+                scored = comp if centralized else kept[:-1]
                 assert_row(rows, r, p.prompt_token_ids[a], scored, pad)
                 if not centralized and pad != eos and kept and kept[-1] == eos:
                     assert scored == [t for t in kept if t != eos]  # exactly the content, never the EOS
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pad == eos: docs/preference.md §3.1/§7.2 say centralized collaboration keeps an EOS equal to pad and scores "
-    "it; the engines' cut_at_pad drops it before the pair is built (same fix as "
-    "test_pad_eq_eos_policy_gradient_scores_the_eos)."))
 def test_pad_eq_eos_centralized_scores_the_eos():
     pad = eos = 1
-    comp = cut_at_pad([5, 6, eos, pad], pad)
+    comp = cut_at_pad([5, 6, eos, pad], pad, eos)
     samples = [Samples([[9]], [[comp, [7]]], [["a", "b"]])]
     pairs = pairs_of((pad, eos, 1, 1, 2, samples, [1.0, 0.0]))
     dm = preference_dm(1, True)
@@ -313,7 +304,7 @@ def test_multiturn_trees_train_each_agents_own_sampled_tokens(case):
             for _ in range(k):
                 body = [rng.choice(content) for _ in range(rng.randint(0, 5))]
                 raw = body + ([eos] + [pad] * rng.randint(0, 2) if rng.random() < 0.7 else [])
-                ids = cut_at_pad(raw, pad)
+                ids = cut_at_pad(raw, pad, eos)
                 key = f"c{len(comp_ids)}"
                 comp_ids[key] = ids
                 rows.append(ids)
