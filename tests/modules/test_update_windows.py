@@ -23,13 +23,6 @@ SMALL = {"num_train_epochs": 1, "max_new_tokens": 4, "temperature": 1.0, "top_p"
          "agent_learning_rate": 1e-3, "eval_interval": 0, "eval_num_samples": 1, "logging_steps": 1}
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
 
 # --- the arithmetic ------------------------------------------------------------------------------------------
 

@@ -20,13 +20,6 @@ from comlrl_lightning.logprobs import build_scoring_batch, scored_token_logps
 ITEMS = load_task_items("builtin:cooperative")[:8]
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
 
 def magrpo(model_dir, **kw):
     from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
