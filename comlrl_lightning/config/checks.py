@@ -7,6 +7,7 @@ option group that declares it; these are the building blocks those rules use.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -79,13 +80,14 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     return f" Did you mean {', '.join(hits)}?" if hits else ""
 
 
+@dataclasses.dataclass
 class SuggestOptions:
     """Base of the config option groups: an option name the config does not have is a ``TypeError`` that names
-    the config and the closest options (a dataclass alone says only "unexpected keyword argument")."""
+    the config and the closest options (a dataclass alone says only "unexpected keyword argument"). A dataclass
+    itself, with no fields, so that the configs stay pure dataclasses (jsonargparse then saves them as plain
+    mappings, not as ``class_path``/``init_args``)."""
 
     def __new__(cls, *args: Any, **kwargs: Any):
-        import dataclasses
-
         if kwargs and dataclasses.is_dataclass(cls):
             names = {f.name for f in dataclasses.fields(cls) if f.init}
             for key in kwargs:
