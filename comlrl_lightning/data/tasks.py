@@ -72,6 +72,9 @@ def load_task_items(source: Any, split: str = "train") -> list[dict]:
             kind = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet"}.get(ext)
             if kind is None:
                 raise ValueError(f"Cannot read dataset file {source!r}: use .json, .jsonl, .csv or .parquet.")
+            if kind != "parquet" and not Path(source).read_bytes()[:1 << 16].strip():  # datasets: a bare StopIteration
+                raise ValueError(f"The dataset file {source!r} holds no task item (it is empty). Give one task item "
+                                 "per row (a JSONL line such as {\"prompt\": \"...\"}).")
             ds = load_dataset(kind, data_files=source, split="train")
         else:
             from datasets import load_dataset

@@ -69,7 +69,7 @@ class TaskDataModule(EvalDataloaders, L.LightningDataModule):
         transition_timeout: float | None = None,
     ):
         super().__init__()
-        from comlrl_lightning.multiturn.transitions import bound_transition
+        from comlrl_lightning.multiturn.transitions import bound_transition, check_transition_signature
         from comlrl_lightning.rewards import RewardOracle, check_timeout_option
 
         self.reward_timeout = check_timeout_option("reward_timeout", reward_timeout)
@@ -90,6 +90,7 @@ class TaskDataModule(EvalDataloaders, L.LightningDataModule):
             if transition is None:
                 raise ValueError("external_transition_options needs external_transition (a factory to call).")
             transition = transition(**external_transition_options)  # e.g. make_code_transition(mode=...)
+        check_transition_signature(transition)  # a transition that cannot take the arguments: an error now
         self.external_transition = transition
         self.num_agents = num_agents
         self.prompt_field = prompt_field

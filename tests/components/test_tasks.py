@@ -131,3 +131,19 @@ def test_formatter_must_return_a_nonempty_string():
         format_prompts(RECORDS[:1], [lambda it: "ok", lambda it: ""])
     with pytest.raises(ValueError, match="Formatter of agent 0 returned 3 for dataset item 2"):
         format_prompts(RECORDS, [lambda it: 3 if it["id"] == 2 else "x"])
+
+
+def test_an_empty_dataset_file_is_an_error_naming_it(tmp_path):
+    from comlrl_lightning.data.tasks_dm import TaskDataModule
+
+    empty = tmp_path / "items.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match=r"items\.jsonl' holds no task item \(it is empty\)"):
+        TaskDataModule(train_dataset=str(empty))
+
+
+def test_the_data_module_refuses_a_transition_that_cannot_take_the_arguments():
+    from comlrl_lightning.data.tasks_dm import TaskDataModule
+
+    with pytest.raises(ValueError, match="cannot be called as a transition"):
+        TaskDataModule(external_transition=lambda only_one: only_one, num_agents=2)
