@@ -1,7 +1,7 @@
 """The same training job in CoMLRL 1.4.3 and here: MADPO and 2-turn MAGRPO, wall and CPU time, ratio CoMLRL/ours.
 
-Needs ``comlrl==1.4.3``: the ``bench`` extra (``pip install -e ".[bench]"``), best in a separate environment
-(benchmarks/README.md). Without it the script says how to install it and exits with status 2.
+Needs ``comlrl==1.4.3``: the ``bench`` extra, in a separate environment (``bash benchmarks/make_bench_env.sh``
+builds ``.venv-bench``; benchmarks/README.md). Without it the script says how to install it and exits with status 2.
 
     python benchmarks/vs_comlrl.py                    # both jobs, 2 repetitions each, libraries alternating
     python benchmarks/vs_comlrl.py --jobs madpo --repeats 3
@@ -27,11 +27,14 @@ applies its default top-k of 50, while ours samples without a top-k filter; ours
 for CoMLRL the script seeds ``random``, ``numpy`` and ``torch`` with the same value before its job. The
 timed region is ``train()`` on both sides (rollouts/collection, rewards, updates); loading the models and
 building the trainers are not timed. Both run in one process; repetitions alternate the libraries so a slow phase
-hits both. Each library gets the whole machine with the settings a user would pick (issue #25): CoMLRL runs with
-``--comlrl-threads`` torch threads (default: every core, ``os.cpu_count()``; its agents take turns, so intra-op
-threads are how it uses a second core), ours with ``--threads`` (default 1) and ``agent_overlap=--agent-overlap``
-(default ``on``: one worker thread per agent for a level's generation calls and a drain's updates, docs/architecture.md
-"Devices"; on a CPU ``auto`` would not overlap).
+hits both. Each library gets the whole machine with its best settings for the model (issue #25; ``BEST``), which
+``--comlrl-threads`` and ``--agent-overlap`` override. On ``30m``, where the matrix products take the time: CoMLRL
+with every core as torch threads (its agents take turns, so intra-op threads are how it uses a second core), ours
+with ``--threads`` (default 1) and ``agent_overlap="on"`` (a worker thread per agent for a level's generation calls
+and a drain's updates, docs/architecture.md "Devices"; on a CPU ``auto`` would not overlap). On ``tiny``, where
+Python takes the time, one thread each and no overlap: measured on the 2-core machine, 2 torch threads made CoMLRL's
+2-turn job ~10x slower (71 CPU-s against 6), and overlap gains nothing on the tiny model (benchmarks/README.md,
+``overlap.py``).
 
 Equivalence is checked by counting, during each timed run: ``generate`` calls and the sequences they return
 (samples), forward calls outside ``generate`` with their rows and token positions (the scoring forwards of the
@@ -81,8 +84,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 COMLRL_VERSION = "1.4.3"
 TARGETS = {("madpo", "tiny"): 3.0, ("madpo", "30m"): 3.0, ("magrpo2", "tiny"): 3.0, ("magrpo2", "30m"): 2.5}
 JOBS = ("madpo", "magrpo2")
+BEST = {  # each library's best settings on the model (module docstring)
+    "30m": {"comlrl_threads": os.cpu_count() or 1, "agent_overlap": "on"},
+    "tiny": {"comlrl_threads": 1, "agent_overlap": "off"},
+}
 MISSING = (f"benchmarks/vs_comlrl.py needs comlrl=={COMLRL_VERSION}, which is not importable here.\n"
-           "Install the `bench` extra, preferably in a separate environment so the main one stays clean:\n"
+           "Install the `bench` extra in a separate environment so the main one stays clean:\n"
+           "  bash benchmarks/make_bench_env.sh    # builds .venv-bench; or by hand:\n"
            "  python -m venv .venv-bench\n"
            "  .venv-bench/bin/pip install -c constraints.txt torch==2.13.0   # keeps the CPU torch build\n"
            "  .venv-bench/bin/pip install -c constraints.txt -e \".[dev,bench]\"\n"
@@ -95,10 +103,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--jobs", nargs="+", default=list(JOBS), choices=JOBS, help="jobs to run (default: both)")
     p.add_argument("--repeats", type=int, default=2, help="timed runs per job and library, alternating (default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads of ours (default 1)")
-    p.add_argument("--comlrl-threads", type=int, default=os.cpu_count() or 1,
-                   help=f"torch intra-op threads of CoMLRL (default: every core, here {os.cpu_count()})")
-    p.add_argument("--agent-overlap", choices=("on", "off", "auto"), default="on",
-                   help="ours: agent_overlap (default on: a worker thread per agent)")
+    p.add_argument("--comlrl-threads", type=int, default=None,
+                   help=f"torch intra-op threads of CoMLRL (default: 30m every core, here {os.cpu_count()}; tiny 1)")
+    p.add_argument("--agent-overlap", choices=("on", "off", "auto"), default=None,
+                   help="ours: agent_overlap (default: 30m on, a worker thread per agent; tiny off)")
     p.add_argument("--seed", type=int, default=0, help="seed of every run (default 0)")
     p.add_argument("--rollout-buffer-size", type=int, default=None,
                    help="magrpo2 on both sides with this rollout_buffer_size (= train_batch_size); default the "
@@ -114,6 +122,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.rollout_buffer_size is not None and args.rollout_buffer_size < 1:
         p.error(f"--rollout-buffer-size must be >= 1, got {args.rollout_buffer_size}")
+    best = BEST[args.model]
+    if args.comlrl_threads is None:
+        args.comlrl_threads = best["comlrl_threads"]
+    if args.agent_overlap is None:
+        args.agent_overlap = best["agent_overlap"]
     for name in ("threads", "comlrl_threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

@@ -35,11 +35,14 @@ def test_arguments(bench):
 
 
 def test_each_library_gets_its_best_settings_unless_told(bench):
-    args = bench.parse_args([])  # the whole machine: CoMLRL every core, ours one thread per agent worker
+    args = bench.parse_args(["--model", "30m"])  # the whole machine: CoMLRL every core, ours a worker per agent
     assert (args.comlrl_threads, args.threads, args.agent_overlap) == (os.cpu_count() or 1, 1, "on")
     assert bench.judged_on(args) == "wall"  # more than one thread in use: CPU seconds are not time to result
-    same = bench.parse_args(["--comlrl-threads", "1", "--agent-overlap", "off", "--threads", "1"])
-    assert bench.judged_on(same) == "cpu"
+    args = bench.parse_args([])  # tiny: Python-bound, one thread each is the best of both
+    assert (args.comlrl_threads, args.threads, args.agent_overlap) == (1, 1, "off")
+    assert bench.judged_on(args) == "cpu"
+    args = bench.parse_args(["--comlrl-threads", "2", "--agent-overlap", "on"])
+    assert (args.comlrl_threads, args.agent_overlap, bench.judged_on(args)) == (2, "on", "wall")
     assert bench.TARGETS[("magrpo2", "30m")] == 2.5 and bench.TARGETS[("magrpo2", "tiny")] == 3.0
 
 
