@@ -17,6 +17,23 @@ import torch
 from comlrl_lightning.generation import Samples
 from comlrl_lightning.logprobs import logprob_gap
 
+#: ``logprob_gap_threshold="auto"``: float32 on both sides (healthy gaps measured below 1e-4 on this machine: HF 1e-7,
+#: vLLM CPU < 5e-5; one missed update 0.009 (LoRA, lr 1e-3) to 0.18 (full weights)), else lower precision.
+FLOAT32_GAP_THRESHOLD = 0.005
+LOW_PRECISION_GAP_THRESHOLD = 0.1
+
+
+def gap_threshold(option: Any, model: torch.nn.Module, engine: Any) -> float | None:
+    """The threshold ``logprob_gap_threshold`` means for ``model`` served by ``engine``: a number or None as given;
+    "auto": :data:`FLOAT32_GAP_THRESHOLD` when the model's weights and the engine's ``dtype`` (vLLM's
+    ``vllm_kwargs``; it defaults to the model's) are float32, else :data:`LOW_PRECISION_GAP_THRESHOLD`."""
+    if option != "auto":
+        return option
+    param = next(model.parameters(), None)
+    engine_dtype = str((getattr(engine, "vllm_kwargs", None) or {}).get("dtype", "auto")).removeprefix("torch.")
+    float32 = (param is None or param.dtype == torch.float32) and engine_dtype in ("auto", "float32", "float")
+    return FLOAT32_GAP_THRESHOLD if float32 else LOW_PRECISION_GAP_THRESHOLD
+
 
 class EngineSyncError(RuntimeError):
     """The engine sampled with weights other than the trainer's."""
@@ -38,13 +55,14 @@ def check_engine_version(engine: Any, agent: int, samples: Samples, step: int) -
 
 def check_logprob_gap(token_logps: torch.Tensor, score_mask: torch.Tensor,
                       engine_logps: Sequence[Sequence[float] | None], versions: Sequence[int], version: int,
-                      threshold: float | None, agent: int, step: int, engine: Any) -> float | None:
+                      option: Any, agent: int, step: int, engine: Any, model: torch.nn.Module) -> float | None:
     """The mean |trainer − engine| log-prob per token over the rows sampled by the weights of ``version`` (the
     weights the trainer holds at an update's first minibatch) that carry engine log-probs; None when there are none.
 
     ``token_logps``/``score_mask`` [R, L] as the update's forward computed them, ``engine_logps[r]`` and
     ``versions[r]`` row r's engine log-probs and policy version. Raises :class:`EngineSyncError` naming the agent,
-    the step and the version when the gap exceeds ``threshold`` (None: never).
+    the step and the version when the gap exceeds the threshold ``option`` means (:func:`gap_threshold`; None:
+    never).
     """
     picked = [r for r, (lp, v) in enumerate(zip(engine_logps, versions)) if lp is not None and v == version]
     if not picked:
@@ -55,12 +73,13 @@ def check_logprob_gap(token_logps: torch.Tensor, score_mask: torch.Tensor,
     if not count:
         return None
     gap = total / count
+    threshold = gap_threshold(option, model, engine)
     if threshold is not None and gap > threshold:
         raise EngineSyncError(
             f"Weight-sync check failed for agent {agent} at optimizer step {step}: the engine's log-probs of the "
             f"tokens it sampled differ from the trainer's by {gap:.4f} nats per token on average "
-            f"(logprob_gap_threshold={threshold}), on samples of weight version {version}, the version the trainer "
-            f"holds for this agent: the engine ({type(engine).__name__}) sampled with other weights than the trainer "
-            "holds. Check the engine's weight sync (docs/engines.md, \"Verification\"), or raise "
+            f"(logprob_gap_threshold={option!r}: {threshold}), on samples of weight version {version}, the version "
+            f"the trainer holds for this agent: the engine ({type(engine).__name__}) sampled with other weights than "
+            "the trainer holds. Check the engine's weight sync (docs/engines.md, \"Verification\"), or raise "
             "logprob_gap_threshold if this gap is the numerical difference of a healthy engine.")
     return gap

@@ -457,7 +457,7 @@ class ActorCriticModule(TeamModuleBase):
             if version is not None:  # the update's first minibatch: the weights that sampled it (docs/engines.md)
                 gap = check_logprob_gap(logps, batch["score_mask"], [s.engine_logprobs for s in mb],
                                         [s.version for s in mb], version, a.logprob_gap_threshold, i,
-                                        self.trainer.global_step, engine_of(self.team))
+                                        self.trainer.global_step, engine_of(self.team), self.team.models[i])
                 if gap is not None:
                     gaps[f"engine/agent_{i}/logprob_gap"] = gap
             actor_loss = policy_gradient_loss(logps, batch["score_mask"], adv_mb.to(logps.device))

@@ -420,7 +420,7 @@ class MAGRPOModule(TeamModuleBase):
         engine = [lp for s in minibatch for lp in (s.engine_logprobs or [None] * len(s.completion_ids))]
         versions = [s.version for s in minibatch for _ in s.completion_ids]
         gap = check_logprob_gap(logps, score_mask, engine, versions, version, self.args.logprob_gap_threshold,
-                                agent, self.optimizer_steps, engine_of(self.team))
+                                agent, self.optimizer_steps, engine_of(self.team), self.team.models[agent])
         if gap is not None:
             self._logprob_gaps[agent] = gap
 

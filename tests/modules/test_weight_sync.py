@@ -71,7 +71,7 @@ def test_an_engine_sampling_stale_weights_stops_the_run(tiny_model_dir):
     tr = magrpo(tiny_model_dir, agent_learning_rate=1e-2)
     tr.team.engine = FrozenEngine(tiny_model_dir)
     with pytest.raises(EngineSyncError, match=r"agent 0 at optimizer step 2: .* differ from the trainer's by "
-                                              r"0\.\d+ nats per token .*logprob_gap_threshold=0\.05.* weight version 1"):
+                                              r"0\.\d+ nats per token .*logprob_gap_threshold='auto': 0\.005.* weight version 1"):
         tr.train()
     assert tr.module.optimizer_steps == 2  # the first update of each agent went through; the second was refused
 
@@ -110,8 +110,23 @@ def test_a_sync_that_was_not_applied_stops_the_run_naming_both_versions(tiny_mod
 
 @pytest.mark.parametrize("bad", [0, -0.1, float("nan"), "x"])
 def test_bad_thresholds(bad):
-    with pytest.raises(ValueError, match="logprob_gap_threshold must be a number > 0"):
+    with pytest.raises(ValueError, match="logprob_gap_threshold must be \"auto\", a number > 0"):
         MAGRPOConfig(logprob_gap_threshold=bad)
+    assert MAGRPOConfig(logprob_gap_threshold=" AUTO ").logprob_gap_threshold == "auto"
+
+
+def test_auto_threshold_follows_the_precision():
+    from comlrl_lightning.engines.verify import gap_threshold
+
+    class Vllm:
+        def __init__(self, kwargs):
+            self.vllm_kwargs = kwargs
+
+    model = torch.nn.Linear(2, 2)
+    assert gap_threshold("auto", model, HFEngine.__new__(HFEngine)) == 0.005
+    assert gap_threshold("auto", model, Vllm({"dtype": "bfloat16"})) == 0.1
+    assert gap_threshold("auto", model.to(torch.bfloat16), Vllm({})) == 0.1
+    assert gap_threshold(0.2, model, Vllm({})) == 0.2 and gap_threshold(None, model, Vllm({})) is None
 
 
 class FailingSyncEngine(HFEngine):
