@@ -36,10 +36,10 @@ class HFEngine:
     name = "hf"
 
     def __init__(self, team: Any, max_batch_rows: int = 256, overlap: Any = "auto"):
+        self.overlap = normalize_agent_overlap(overlap)
         self.team = team
         self.applied = [0] * team.num_agents  # syncs per agent: the live weights include every one at once
         self.max_batch_rows = max_batch_rows
-        self.overlap = normalize_agent_overlap(overlap)
 
     def sample(self, agent_index: int, prompts: Sequence[str], num_candidates: int, settings: SamplingSettings,
                stream: SamplingStream) -> Samples:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from comlrl_lightning.devices import draws_random_numbers
 from comlrl_lightning.generation import Samples
 from comlrl_lightning.logprobs import logprob_gap
 
@@ -26,9 +27,12 @@ LOW_PRECISION_GAP_THRESHOLD = 0.1
 def gap_threshold(option: Any, model: torch.nn.Module, engine: Any) -> float | None:
     """The threshold ``logprob_gap_threshold`` means for ``model`` served by ``engine``: a number or None as given;
     "auto": :data:`FLOAT32_GAP_THRESHOLD` when the model's weights and the engine's ``dtype`` (vLLM's
-    ``vllm_kwargs``; it defaults to the model's) are float32, else :data:`LOW_PRECISION_GAP_THRESHOLD`."""
+    ``vllm_kwargs``; it defaults to the model's) are float32, else :data:`LOW_PRECISION_GAP_THRESHOLD`; None (no
+    check) when the model trains with dropout, whose training-mode forward is not the engine's eval-mode one."""
     if option != "auto":
         return option
+    if model.training and draws_random_numbers(model):
+        return None
     param = next(model.parameters(), None)
     engine_dtype = str((getattr(engine, "vllm_kwargs", None) or {}).get("dtype", "auto")).removeprefix("torch.")
     float32 = (param is None or param.dtype == torch.float32) and engine_dtype in ("auto", "float32", "float")

@@ -127,6 +127,9 @@ def test_auto_threshold_follows_the_precision():
     assert gap_threshold("auto", model, Vllm({"dtype": "bfloat16"})) == 0.1
     assert gap_threshold("auto", model.to(torch.bfloat16), Vllm({})) == 0.1
     assert gap_threshold(0.2, model, Vllm({})) == 0.2 and gap_threshold(None, model, Vllm({})) is None
+    dropout = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1))
+    assert gap_threshold("auto", dropout.train(), Vllm({})) is None  # training forward != the engine's
+    assert gap_threshold("auto", dropout.eval(), Vllm({})) == 0.005
 
 
 class FailingSyncEngine(HFEngine):
