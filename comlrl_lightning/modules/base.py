@@ -163,6 +163,7 @@ class TeamModuleBase(L.LightningModule):
         self.scheduler_factory = lr_scheduler
         self.env_step = 0
         self.updates_seen = 0
+        self._averaged_optimizer: Any = None  # the optimizer clip_gradients averaged over the ranks (DDP)
         #: Reward oracle of *training* rollouts only; None = the data module's task oracle. MARLHF's reward
         #: callbacks set a learned reward through :meth:`use_train_oracle`; evaluation never reads it.
         self.train_oracle: Any = None
@@ -377,7 +378,7 @@ class TeamModuleBase(L.LightningModule):
 
     def _average_before_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Average ``optimizer``'s gradients unless :meth:`clip_gradients` did since its last step."""
-        averaged, self._averaged_optimizer = getattr(self, "_averaged_optimizer", None), None
+        averaged, self._averaged_optimizer = self._averaged_optimizer, None
         if averaged is optimizer or not self.averages_own_gradients():
             return
         self._average_gradients(optimizer)
