@@ -4,7 +4,7 @@ Needs ``trl==1.16.*`` for the TRL side: the ``bench`` extra, in its own environm
 benchmarks/make_bench_env.sh`` builds ``.venv-bench``). Without trl the script says how to install it and exits 2
 (``--libs ours floor`` runs without it).
 
-    .venv-bench/bin/python benchmarks/vs_trl.py                  # the 30m job, 2 runs per library (~8 min idle)
+    .venv-bench/bin/python benchmarks/vs_trl.py                  # the 30m job, 2 runs per library (~5 min idle)
     .venv-bench/bin/python benchmarks/vs_trl.py --model tiny     # the same job on the embedded tiny model
     .venv-bench/bin/python benchmarks/vs_trl.py --reps 1 --threads 2 --libs ours trl
 
