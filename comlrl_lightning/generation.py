@@ -174,7 +174,8 @@ class StreamSampler:
     def __init__(self, gen_kwargs: dict, generator: torch.Generator):
         from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-        self.logprobs: list[torch.Tensor] = []  # per step: [rows] log p(drawn token) under the unwarped scores
+        self.logprobs: list[torch.Tensor] = []  # per step: [rows] log p(drawn token) under the raw logits
+        self.raw: dict[str, torch.Tensor] = {}  # "last": the model's raw logits of this step (a forward hook)
         temperature, top_k, top_p = gen_kwargs.get("temperature"), gen_kwargs.get("top_k"), gen_kwargs.get("top_p")
         self.warpers: list[Any] = []
         if temperature is not None and temperature != 1.0:
@@ -190,7 +191,11 @@ class StreamSampler:
         for warper in self.warpers:
             warped = warper(input_ids, warped)
         token = torch.multinomial(torch.softmax(warped, dim=-1), num_samples=1, generator=self.generator)
-        self.logprobs.append((scores.float().gather(1, token) - torch.logsumexp(scores.float(), -1, keepdim=True))
+        # the model's own log-prob of the drawn token: its raw logits (before repetition penalties and other
+        # processors that transformers applies before this one), else the scores as passed
+        raw = self.raw.pop("last", None)
+        raw = scores if raw is None or raw.shape != scores.shape else raw.float()
+        self.logprobs.append((raw.float().gather(1, token) - torch.logsumexp(raw.float(), -1, keepdim=True))
                              .squeeze(1).cpu())
         return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
 
@@ -320,8 +325,15 @@ def sample_completions(
                     from transformers import LogitsProcessorList
 
                     sampler = StreamSampler(gen_kwargs, torch.Generator(device=device).manual_seed(seed))
-                    out = model.generate(**enc, **{**gen_kwargs, **_NEUTRAL},
-                                         logits_processor=LogitsProcessorList([*user_processors, sampler]))
+                    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+                    hook = None if head is None else head.register_forward_hook(
+                        lambda _m, _i, logits, raw=sampler.raw: raw.__setitem__("last", logits[:, -1, :].detach()))
+                    try:
+                        out = model.generate(**enc, **{**gen_kwargs, **_NEUTRAL},
+                                             logits_processor=LogitsProcessorList([*user_processors, sampler]))
+                    finally:
+                        if hook is not None:
+                            hook.remove()
                     steps = torch.stack(sampler.logprobs, 1) if sampler.logprobs else torch.zeros(len(out), 0)
                     logprobs += steps.tolist()
                 else:

@@ -31,10 +31,11 @@ def magrpo(model_dir, **kw):
                          formatters=FORMATTERS, args=args, trainer_kwargs=cpu_trainer_kwargs())
 
 
-@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
-def test_hf_engine_logprobs_are_the_models_logprobs_of_the_sampled_tokens(tiny_model_dir, temperature, top_p):
+@pytest.mark.parametrize("temperature,top_p,extra", [(1.0, 1.0, {}), (0.7, 0.9, {}),
+                                                    (1.0, 1.0, {"repetition_penalty": 1.3})])
+def test_hf_engine_logprobs_are_the_models_logprobs_of_the_sampled_tokens(tiny_model_dir, temperature, top_p, extra):
     model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
-    settings = SamplingSettings(max_new_tokens=10, temperature=temperature, top_p=top_p, top_k=None)
+    settings = SamplingSettings(max_new_tokens=10, temperature=temperature, top_p=top_p, top_k=None, extra=extra)
     s = sample_completions(model, tok, ["Topic: owls.", "A longer prompt: rivers and bread."], 3, settings,
                            SamplingStream(7))
     prompts = [p for p, row in zip(s.prompt_ids, s.completion_ids) for _ in row]
@@ -46,7 +47,7 @@ def test_hf_engine_logprobs_are_the_models_logprobs_of_the_sampled_tokens(tiny_m
     for r, c in enumerate(comps):
         assert len(engine[r]) == len(c)
         scored = mine[r][batch["score_mask"][r].bool()]
-        # raw model log-probs (before temperature and top-p), as the trainer computes them
+        # raw model log-probs (before temperature, top-p and the repetition penalty), as the trainer computes them
         torch.testing.assert_close(scored, torch.tensor(engine[r]), rtol=0, atol=1e-4)
 
 
