@@ -734,6 +734,10 @@ class Judge:
                 message = json.loads(line)
                 if type(message) is not dict or len(message) != 1:
                     raise ValueError("malformed message from the test process")
+                over = self.over_budget()  # also when the reply came before any poll: the limits never depend
+                if over is not None:  # on how fast the case ran
+                    self.kill_all()
+                    raise WorkerGone(*over)
                 return message
             except (EOFError, OSError, ValueError) as exc:
                 how = self.worker_died() if isinstance(exc, EOFError) else f"protocol error: {exc}"
