@@ -14,7 +14,8 @@ ITEM = {"task_id": "t/0", "entry_point": "sum_sq",
 AUX = "def aux(x):\n    return x\n"
 MAIN = f"def {ITEM['entry_point']}(*args):\n    return aux(args)\n"
 pytestmark = pytest.mark.sandbox  # every code transition checks at construction that the sandbox can run
-EXPERT_VARS = ("EXPERT_API_URL", "EXPERT_API_KEY", "DEEPSEEK_API_KEY", "ANTHROPIC_API_KEY", "DASHSCOPE_API_KEY")
+EXPERT_VARS = ("EXPERT_API_URL", "EXPERT_API_KEY", "DEEPSEEK_API_KEY", "ANTHROPIC_API_KEY", "DASHSCOPE_API_KEY",
+               "OPENAI_API_KEY")
 
 
 @pytest.fixture
@@ -40,6 +41,28 @@ def test_default_expert_is_deepseek_coder_through_the_http_client(no_expert_env)
     no_expert_env.setenv("ANTHROPIC_API_KEY", "sk-test")
     claude = make_code_transition("expert", expert_model="claude-sonnet-4").client.client
     assert (claude.format, claude.key_env) == ("anthropic", "ANTHROPIC_API_KEY")
+
+
+def test_gpt_experts_go_to_openai_chat_completions_with_openai_api_key(no_expert_env):
+    from fake_llm_server import FakeLLMServer
+
+    with pytest.raises(ValueError, match="OPENAI_API_KEY"):
+        make_code_transition("expert_edits", expert_model="gpt-4o-mini")
+    no_expert_env.setenv("OPENAI_API_KEY", "sk-openai-test-key")
+    client = make_code_transition("expert_edits", expert_model="gpt-4o-mini").client.client
+    assert (client.url, client.format, client.model, client.key_env) == (
+        "https://api.openai.com/v1/chat/completions", "openai", "gpt-4o-mini", "OPENAI_API_KEY")
+    server = FakeLLMServer().start()  # the same route, answered on loopback (EXPERT_API_URL replaces the URL)
+    try:
+        server.texts = lambda protocol, body, i: '{"aux": "Square x.", "main": "Call aux."}'
+        no_expert_env.setenv("EXPERT_API_URL", server.url("openai"))
+        t = make_code_transition("expert_edits", problems=[ITEM], expert_model="gpt-4o-mini")
+        aux_p, _ = t(ITEM["prompt"], [AUX, MAIN], 2)
+    finally:
+        server.stop()
+    assert aux_p.endswith("Here is the feedback from an expert:\nSquare x.")
+    assert server.requests[-1].body["model"] == "gpt-4o-mini"
+    assert server.requests[-1].headers["authorization"] == "Bearer sk-openai-test-key"
 
 
 def test_openai_compatible_expert_from_the_environment(no_expert_env):

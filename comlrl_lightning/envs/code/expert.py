@@ -23,6 +23,7 @@ _BACKENDS = (
     ("deepseek", "https://api.deepseek.com/v1/chat/completions", "openai", "DEEPSEEK_API_KEY"),
     ("qwen3-coder", "https://dashscope.aliyuncs.com/compatible-mode/v1/chat/completions", "openai",
      "DASHSCOPE_API_KEY"),
+    ("gpt", "https://api.openai.com/v1/chat/completions", "openai", "OPENAI_API_KEY"),
 )
 
 
