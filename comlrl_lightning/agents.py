@@ -407,6 +407,7 @@ def build_agents(
             models.append(load_model(s, model_config))
             names.append(s)
         elif isinstance(s, nn.Module):
+            check_causal_lm(s, f"agents[{len(models)}]")
             models.append(s)
             names.append(model_name_of(s))
         else:
@@ -415,3 +416,13 @@ def build_agents(
         check_vocab(m, tokenizers[i], f"agent {i} ({names[i]})", grow=bool(special) and isinstance(s, str))
         m.train()
     return AgentTeam(models, tokenizers, names=names)
+
+
+def check_causal_lm(model: nn.Module, where: str) -> None:
+    """Refuse a model object that cannot be trained as an agent: one without a causal-LM head (an ``AutoModel``
+    backbone, a classifier) has no next-token logits to sample from or to score."""
+    head = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+    if head is None or not callable(getattr(model, "generate", None)):
+        raise ValueError(f"{where} is a {type(model).__name__}, which has no causal-LM head (no output embeddings "
+                         "or no generate): an agent must be a causal language model such as AutoModelForCausalLM. "
+                         "Load it with AutoModelForCausalLM.from_pretrained(...), or pass its name or folder.")

@@ -296,3 +296,14 @@ def test_tokenizer_larger_than_the_embedding_is_refused_at_build(tiny_model_dir)
     team = build_agents(agent_model=tiny_model_dir, num_agents=1,
                         model_config={"special_tokens": {"additional_special_tokens": ["<|tool|>"]}})
     assert team.models[0].get_input_embeddings().num_embeddings == len(team.tokenizers[0])
+
+
+def test_a_model_object_without_a_causal_lm_head_is_refused(tiny_model_dir):
+    from transformers import AutoModel
+
+    from comlrl_lightning.agents import build_agents, load_tokenizer
+
+    backbone = AutoModel.from_pretrained(tiny_model_dir)  # the Qwen2 body, no lm_head
+    tok = load_tokenizer(tiny_model_dir)
+    with pytest.raises(ValueError, match=r"agents\[1\] is a Qwen2Model, which has no causal-LM head"):
+        build_agents(agents=[load_model(tiny_model_dir), backbone], tokenizer=tok)
