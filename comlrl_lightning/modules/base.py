@@ -536,7 +536,27 @@ class TeamModuleBase(L.LightningModule):
             version, internal, gauss = state["shuffle_rng"]
             rng.setstate((version, tuple(internal), gauss))
 
+    def team_identity(self) -> dict[str, Any]:
+        """What a checkpoint must match to be resumed by this module: its class, team size and layout."""
+        return {"module": type(self).__name__, "num_agents": self.team.num_agents, "lora": self.team.uses_lora}
+
+    def check_team_identity(self, checkpoint: dict) -> None:
+        """Refuse a checkpoint of another trainer family, team size or layout (full models against LoRA), naming
+        what differs, before Lightning loads its weights (whose own error lists parameter names)."""
+        saved = checkpoint.get("comlrl_identity")
+        if not isinstance(saved, dict):
+            return  # written by other code, or before identities were saved
+        mine = self.team_identity()
+        diffs = [f"{key}: checkpoint {saved[key]!r}, this run {mine[key]!r}" for key in mine
+                 if key in saved and saved[key] != mine[key]]
+        if diffs:
+            path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
+            raise ValueError(f"Checkpoint {path or '(given)'} belongs to another run ({'; '.join(diffs)}). Resume it "
+                             "with the trainer, agent count and LoRA setting it was written with, or start a new "
+                             "run.")
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["comlrl_identity"] = self.team_identity()
         checkpoint["comlrl_progress"] = self.progress_state()
         trainer = self._trainer
         own = self.rank_state()
@@ -545,6 +565,7 @@ class TeamModuleBase(L.LightningModule):
         seal_checkpoint(self, checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.check_team_identity(checkpoint)
         verify_checkpoint(self, checkpoint)
         self.load_progress_state(checkpoint.get("comlrl_progress", {}))
         if self.team.engine is not None:  # the restored weights replace the ones the engine holds
