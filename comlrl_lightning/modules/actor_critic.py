@@ -50,7 +50,6 @@ from comlrl_lightning.losses import policy_gradient_loss, td_advantages, value_l
 from comlrl_lightning.modules.base import TeamModuleBase, default_adamw
 from comlrl_lightning.multiturn.episodes import EpisodeSample, first_prompt, run_episodes, turn_rewards, turn_summary
 from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
-from comlrl_lightning.multiturn.tree import rollout_window, update_windows
 from comlrl_lightning.nets.critics import build_critics, joint_critic_text, right_pad
 from comlrl_lightning.overlap import MainThread
 from comlrl_lightning.tiny import TINY_MODEL_NAME
@@ -333,17 +332,10 @@ class ActorCriticModule(TeamModuleBase):
         return out
 
     # --- training -----------------------------------------------------------------------------------------
-    def items_per_step(self) -> int:
-        """``generation_batch_size``, or the update window from empty buffers (docs/multiturn.md §2.11)."""
-        if self.args.generation_batch_size is not None:
-            return int(self.args.generation_batch_size)
-        return rollout_window([0] * self.team.num_agents, self.args.rollout_buffer_size, self._max_samples_per_item(),
-                              self.args.rollout_buffer_size)
-
     def updates_in_batch(self, batch: Any) -> int:
         return len(batch) if isinstance(batch, list) else 1
 
-    def _max_samples_per_item(self) -> int:
+    def max_samples_per_item(self) -> int:
         return self.args.num_generations * self.args.num_turns  # K completions per turn (K = 1 when multi-turn)
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
@@ -355,8 +347,7 @@ class ActorCriticModule(TeamModuleBase):
         entries = [entry if isinstance(entry, tuple) else (batch_idx, entry) for entry in items]
         last_batch = batch_idx + 1 >= self.trainer.num_training_batches
         done = 0
-        for window in update_windows(entries, lambda: [len(b) for b in self.buffers], a.rollout_buffer_size,
-                                     self._max_samples_per_item(), whole=a.generation_batch_size is not None):
+        for window in self.update_windows(entries):
             versions = list(self.policy_versions)  # every episode of the window was sampled by these weights
             for rollouts in self.collect_batch(window, oracle=self.train_oracle):
                 done += 1

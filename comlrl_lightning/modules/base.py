@@ -36,7 +36,7 @@ import functools
 import inspect
 import random
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import lightning as L
@@ -63,6 +63,7 @@ from comlrl_lightning.engines import build_engine
 from comlrl_lightning.evaluation import evaluate_team
 from comlrl_lightning.files import state_digest
 from comlrl_lightning.generation import SamplingSettings, SamplingStream
+from comlrl_lightning.multiturn.tree import rollout_window, update_windows
 from comlrl_lightning.overlap import MainThread, run_jobs
 from comlrl_lightning.strategies import preflight
 
@@ -484,10 +485,28 @@ class TeamModuleBase(L.LightningModule):
             self.step_scheduler(scheduler_of)
 
     # --- progress and export -----------------------------------------------------------------------------
+    def max_samples_per_item(self) -> int | None:
+        """The most samples one task item gives each agent's buffer (the RL trainers, which roll out task items
+        into ``self.buffers``), or None for a module that does not."""
+        return None
+
     def items_per_step(self) -> int:
-        """Task items per training step: the batch size of the task data module's loader (1; the RL trainers roll
-        out an update window per step, docs/multiturn.md §2.11)."""
-        return 1
+        """Task items per training step: the batch size of the task data module's loader. 1 without rollouts; the
+        RL trainers: ``generation_batch_size``, or the update window from empty buffers (docs/multiturn.md §2.11)."""
+        most = self.max_samples_per_item()
+        if most is None:
+            return 1
+        if self.args.generation_batch_size is not None:
+            return int(self.args.generation_batch_size)
+        size = self.args.rollout_buffer_size
+        return rollout_window([0] * self.team.num_agents, size, most, size)
+
+    def update_windows(self, batch: Sequence) -> Iterator[list]:
+        """The groups of ``batch``'s items rolled out together (:func:`~comlrl_lightning.multiturn.tree.update_windows`
+        over ``self.buffers``; the whole batch with a fixed ``generation_batch_size``)."""
+        a = self.args
+        return update_windows(batch, lambda: [len(b) for b in self.buffers], a.rollout_buffer_size,
+                              self.max_samples_per_item(), whole=a.generation_batch_size is not None)
 
     def updates_in_batch(self, batch: Any) -> int:
         """By how much one training batch advances ``updates_seen`` (1; the RL trainers: one per task item)."""

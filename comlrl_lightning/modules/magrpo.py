@@ -56,8 +56,6 @@ from comlrl_lightning.multiturn.tree import (
     build_trees,
     max_nodes_per_tree,
     node_samples,
-    rollout_window,
-    update_windows,
 )
 from comlrl_lightning.overlap import MainThread
 from comlrl_lightning.reference import ReferencePolicies, sequence_kl
@@ -293,17 +291,11 @@ class MAGRPOModule(TeamModuleBase):
         return out
 
     # --- training ------------------------------------------------------------------------------------------
-    def items_per_step(self) -> int:
-        """``generation_batch_size``, or the update window from empty buffers (docs/multiturn.md §2.11)."""
-        if self.args.generation_batch_size is not None:
-            return int(self.args.generation_batch_size)
-        return rollout_window([0] * self.team.num_agents, self.args.rollout_buffer_size, self._max_samples_per_item(),
-                              self.args.rollout_buffer_size)
-
     def updates_in_batch(self, batch: Sequence) -> int:
         return len(batch)
 
-    def _max_samples_per_item(self) -> int:
+    def max_samples_per_item(self) -> int:
+        """A tree's node samples per agent without early termination (docs/multiturn.md §2.3)."""
         a = self.args
         return max_nodes_per_tree(self.team.num_agents, a.num_generations, a.num_turns, a.joint_mode)
 
@@ -311,9 +303,7 @@ class MAGRPOModule(TeamModuleBase):
         dm = self.trainer.datamodule
         oracle = self.training_oracle(dm)
         losses = []
-        a = self.args
-        for window in update_windows(batch, lambda: [len(b) for b in self.buffers], a.rollout_buffer_size,
-                                     self._max_samples_per_item(), whole=a.generation_batch_size is not None):
+        for window in self.update_windows(batch):
             trees = self.rollout_batch(window, dm.formatters, oracle, getattr(dm, "external_transition", None),
                                        getattr(dm, "prompt_field", "prompt"))
             versions = list(self.policy_versions)  # every tree of the window was sampled by these weights
@@ -376,7 +366,7 @@ class MAGRPOModule(TeamModuleBase):
         return losses
 
     def _drain_plan(self, agent: int, plan: Sequence[tuple[int, list[NodeSample]]], main: MainThread,
-                    version: int = 0) -> list[list[float]]:
+                    version: int) -> list[list[float]]:
         """The minibatch updates of one agent's drain, turn group after turn group: the losses per group. The
         first minibatch runs on the weights of ``version`` (before this drain's steps): its samples of that
         version are checked against the engine's log-probs (:meth:`minibatch_loss`)."""
