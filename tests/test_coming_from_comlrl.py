@@ -26,7 +26,7 @@ LIB_DIRS = (str(PKG) + "/", str(ROOT / "callbacks") + "/")
 CONFIG_DIR = str(PKG / "config") + "/"
 OURS = {"seed", "gradient_clip_val", "gradient_accumulation_steps", "generation_backend", "vllm_kwargs",
         "reward_length_features", "reward_clip_quantile", "agent_overlap", "generation_batch_size",
-        "logprob_gap_threshold"}
+        "logprob_gap_threshold", "use_chat_template"}
 CONFIGS = {"MADPO": cfg_pkg.MADPOConfig, "MADPOIter": cfg_pkg.MADPOIterConfig, "MARLHF": cfg_pkg.MARLHFConfig,
            "MARLHFIter": cfg_pkg.MARLHFIterConfig, "MAGRPO": cfg_pkg.MAGRPOConfig, "IAC": cfg_pkg.IACConfig,
            "MAAC": cfg_pkg.MAACConfig}

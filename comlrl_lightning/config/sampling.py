@@ -30,6 +30,10 @@ class SamplingOptions:
     vllm_kwargs: dict = field(default_factory=dict)
     """Extra keyword arguments of ``vllm.LLM`` (e.g. ``kv_cache_memory_bytes``, ``max_model_len``,
     ``gpu_memory_utilization``, ``dtype``); only read with ``generation_backend="vllm"``."""
+    use_chat_template: bool | None = None
+    """Prompts through the agents' chat templates (docs/models.md): null = the library's own formatters (the
+    default ``item[prompt_field]``, the built-in tasks') where the agent's tokenizer has one (not the embedded
+    tiny model's); true = every formatter, a user's too; false = none."""
 
 
 @dataclass
@@ -64,6 +68,9 @@ def check_sampling(cfg: Any) -> None:
     if not isinstance(backend, str) or backend.strip().lower() not in GENERATION_BACKENDS:
         raise _bad("generation_backend must be one of: hf, vllm.", backend, ", ".join(GENERATION_BACKENDS))
     cfg.generation_backend = backend.strip().lower()
+    if cfg.use_chat_template is not None and not isinstance(cfg.use_chat_template, bool):
+        raise _bad("use_chat_template must be true, false or null.", cfg.use_chat_template,
+                   "true (every formatter), false (none), null (the library's formatters, docs/models.md)")
     if not isinstance(cfg.vllm_kwargs, dict) or not all(isinstance(k, str) for k in cfg.vllm_kwargs):
         raise _bad("vllm_kwargs must be a mapping of vllm.LLM keyword arguments.", cfg.vllm_kwargs,
                    "a dict with string keys, e.g. {kv_cache_memory_bytes: 67108864}")

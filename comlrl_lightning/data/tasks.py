@@ -106,6 +106,7 @@ def build_formatters(formatters: Any, num_agents: int, prompt_field: str = "prom
         def default(item: dict, _field: str = prompt_field) -> str:
             return item[_field]
 
+        default.library_formatter = True  # goes through the chat template under use_chat_template=None
         return [default] * num_agents
     if callable(formatters):
         return [formatters] * num_agents
@@ -133,7 +134,8 @@ def chat_prompt(tokenizer: Any, text: str) -> str:
 def with_chat_template(formatters: Sequence[Callable], tokenizers: Sequence[Any],
                        enabled: bool = True) -> list[Callable]:
     """Formatter ``a`` followed by :func:`chat_prompt` with agent ``a``'s tokenizer (``enabled=False``: the
-    formatters unchanged). A formatter that declares ``external_prompts`` keeps receiving it."""
+    formatters unchanged). A formatter that declares ``external_prompts`` keeps receiving it; one that already
+    went through this function is not wrapped twice."""
     import inspect
 
     if len(formatters) != len(tokenizers):
@@ -142,7 +144,7 @@ def with_chat_template(formatters: Sequence[Callable], tokenizers: Sequence[Any]
         return list(formatters)
     out: list[Callable] = []
     for f, tok in zip(formatters, tokenizers):
-        if not getattr(tok, "chat_template", None):
+        if not getattr(tok, "chat_template", None) or getattr(f, "chat_templated", False):
             out.append(f)
             continue
         try:
@@ -155,8 +157,51 @@ def with_chat_template(formatters: Sequence[Callable], tokenizers: Sequence[Any]
         else:
             def wrapped(item: dict, _f: Callable = f, _tok: Any = tok) -> str:
                 return chat_prompt(_tok, _f(item))
+        wrapped.chat_templated = True
         out.append(wrapped)
     return out
+
+
+def is_library_formatter(formatter: Callable) -> bool:
+    """The library's own formatters: the default ``item[prompt_field]`` and the built-in tasks' formatters
+    (``comlrl_lightning.envs``, e.g. ``comlrl_lightning.envs.code.FORMATTERS``)."""
+    return bool(getattr(formatter, "library_formatter", False)) or \
+        getattr(formatter, "__module__", "").startswith("comlrl_lightning.envs.")
+
+
+def is_embedded_tiny(tokenizer: Any) -> bool:
+    """A tokenizer of a model built by :mod:`comlrl_lightning.tiny` (random weights; its folder holds
+    ``comlrl_tiny.json``)."""
+    folder = getattr(tokenizer, "name_or_path", None)
+    return bool(folder) and (Path(folder) / "comlrl_tiny.json").is_file()
+
+
+def templated_formatters(formatters: Sequence[Callable], tokenizers: Sequence[Any],
+                         use_chat_template: bool | None = None) -> list[Callable]:
+    """The formatters the agents are prompted with under the ``use_chat_template`` option (docs/models.md):
+
+    - ``None`` (default): the library's own formatters (:func:`is_library_formatter`) go through agent ``a``'s chat
+      template when its tokenizer has one, except a tokenizer of the embedded tiny model (random weights, its
+      ChatML template is a test fixture); a user's formatter is used as it is (it may apply a template itself);
+    - ``True``: every formatter, a user's too, goes through the template of any tokenizer that has one; an agent
+      whose tokenizer has none keeps its plain prompts (the fallback), with a warning naming it;
+    - ``False``: no template anywhere.
+    """
+    if use_chat_template is False:
+        return list(formatters)
+    if len(formatters) != len(tokenizers):
+        raise ValueError(f"use_chat_template: {len(formatters)} formatters for {len(tokenizers)} agents' tokenizers.")
+    if use_chat_template is True:
+        missing = [a for a, tok in enumerate(tokenizers) if not getattr(tok, "chat_template", None)]
+        if missing:
+            import warnings
+
+            warnings.warn(f"use_chat_template=True: the tokenizer of agent(s) {missing} has no chat template, so "
+                          "their prompts are used as the formatters return them (docs/models.md).", UserWarning,
+                          stacklevel=2)
+        return with_chat_template(formatters, tokenizers)
+    return [with_chat_template([f], [tok])[0] if is_library_formatter(f) and not is_embedded_tiny(tok) else f
+            for f, tok in zip(formatters, tokenizers)]
 
 
 def format_prompts(items: Sequence[dict], formatters: Sequence[Callable[[dict], str]], offset: int = 0,
@@ -254,9 +299,39 @@ PREDICT_REFUSED = ("predict is not supported for team training: use `comlrl-ligh
                    "<config> --model.init_args.agent_model=<run>/agents`.")
 
 
-class EvalDataloaders:
+class TemplatedFormatters:
+    """Mixin of the task data modules: ``formatters`` as set in ``__init__`` (one per agent) until the data module
+    is attached to a fitting module with a team; from then on they go through the agents' chat templates as the
+    module's ``args.use_chat_template`` says (:func:`templated_formatters`). This is the one place where the
+    formatters meet the agents' tokenizers: every reader of ``datamodule.formatters`` (rollouts, preference
+    collection, evaluation) gets the same prompts."""
+
+    @property
+    def formatters(self) -> list[Callable]:
+        raw = self.__dict__.get("_formatters_as_given")
+        trainer = getattr(self, "trainer", None)
+        module = getattr(trainer, "lightning_module", None) if trainer is not None else None
+        team = getattr(module, "team", None)
+        if raw is None or team is None:
+            return raw
+        mode = getattr(getattr(module, "args", None), "use_chat_template", None)
+        key = (id(team), tuple(id(t) for t in team.tokenizers), mode)
+        cached = self.__dict__.get("_formatters_templated")
+        if cached is None or cached[0] != key:
+            cached = (key, templated_formatters(raw, team.tokenizers, mode))
+            self.__dict__["_formatters_templated"] = cached
+        return cached[1]
+
+    @formatters.setter
+    def formatters(self, value: Sequence[Callable]) -> None:
+        self.__dict__["_formatters_as_given"] = list(value)
+        self.__dict__.pop("_formatters_templated", None)
+
+
+class EvalDataloaders(TemplatedFormatters):
     """Mixin of the task data modules: ``validate``/``test`` serve all eval items as one batch
-    (:func:`eval_batches`); ``predict`` is refused with a message naming validate/test."""
+    (:func:`eval_batches`); ``predict`` is refused with a message naming validate/test; ``formatters`` through the
+    agents' chat templates (:class:`TemplatedFormatters`)."""
 
     def val_dataloader(self) -> Any:
         """All eval items as one batch (``comlrl-lightning validate``); empty during fit."""

@@ -42,7 +42,7 @@ SHARED_BAD = [
     ("value_loss_coef", -1.0, {}), ("value_clip_range", 0.0, {}), ("critic_value_head_hidden_dim", 0, {}),
     ("value_head_hidden_dim", True, {}), ("critic_devices", [], {"rl_algorithm": "iac", "num_generations": 1}),
     ("generation_batch_size", 0, {}), ("generation_batch_size", 2.5, {}), ("logprob_gap_threshold", 0, {}),
-    ("logprob_gap_threshold", float("nan"), {}),
+    ("logprob_gap_threshold", float("nan"), {}), ("use_chat_template", "yes", {}),
 ]
 
 # Same option, deliberately different rule, per spec: MADPO is reference-free (its reference_devices are never
