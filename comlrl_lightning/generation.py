@@ -66,7 +66,8 @@ class Samples:
     ``logprobs``: ``[prompt][candidate][token]`` the engine's log-prob of each completion token under the raw model
     (before temperature and top-k/top-p), aligned with ``completion_ids``; None when the engine cannot report them.
     ``version``: how many weight updates (syncs) of the agent the engine had applied when it sampled; None when
-    unknown. Both serve the weight-sync verification (docs/engines.md, "Verification").
+    unknown. ``source``: the saved weights (a snapshot folder) the engine sampled from, None for the weights it
+    holds. They serve the weight-sync verification (docs/engines.md, "Verification").
     """
 
     prompt_ids: list[list[int]]
@@ -74,6 +75,7 @@ class Samples:
     texts: list[list[str]]
     logprobs: list[list[list[float]]] | None = None
     version: int | None = None
+    source: str | None = None
 
 
 def context_limit(model: Any, tokenizer: Any) -> int | None:

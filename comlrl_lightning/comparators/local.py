@@ -35,6 +35,7 @@ from comlrl_lightning.devices import device_of
 from comlrl_lightning.devices import resolve_devices as _resolve_devices
 from comlrl_lightning.distributed import rank_seed
 from comlrl_lightning.engines import engine_of
+from comlrl_lightning.engines.verify import EngineSyncError, check_comparator_samples
 from comlrl_lightning.generation import Samples, SamplingStream
 from comlrl_lightning.preferences import sample_team
 
@@ -104,6 +105,12 @@ def served_like(live: AgentTeam, team: AgentTeam) -> AgentTeam:
     return team
 
 
+def _weight_version(team: AgentTeam, agent: int) -> int | None:
+    """The weight version of ``team``'s agent ``agent`` its engine reports (None: an engine without versions)."""
+    version = getattr(engine_of(team), "weight_version", None)
+    return None if version is None else version(agent)
+
+
 def _close_own_engine(team: AgentTeam | None, live: AgentTeam | None) -> None:
     """Close ``team``'s engine unless it is the live team's (a comparator never closes the learner's engine)."""
     engine = getattr(team, "engine", None)
@@ -126,6 +133,7 @@ class LocalComparator:
         self.streams: list[SamplingStream] | None = None
         self._pending_state: dict | None = None
         self.pl_module: Any = None
+        self.round_index = 0
 
     def setup(self, trainer: Any, pl_module: Any) -> None:
         self.pl_module = pl_module
@@ -137,7 +145,8 @@ class LocalComparator:
             self.load_state_dict(self._pending_state)
 
     def prepare(self, round_index: int) -> None:
-        """Make the comparator ready for round ``round_index`` (default: nothing to do)."""
+        """Make the comparator ready for round ``round_index`` (default: nothing to do but remember the round)."""
+        self.round_index = round_index
 
     def release(self) -> None:
         """Free what ``prepare`` built (default: nothing)."""
@@ -153,15 +162,30 @@ class LocalComparator:
                items: Sequence[dict] | None = None) -> list[Samples]:
         if self.streams is None:
             raise RuntimeError(f"{type(self).__name__}.setup(trainer, pl_module) must run before sampling.")
-        return sample_team(self.team(), prompts, num_candidates, self.pl_module.sampling_settings(), self.streams)
+        out = sample_team(self.team(), prompts, num_candidates, self.pl_module.sampling_settings(), self.streams)
+        for agent, samples in enumerate(out):
+            self.verify(agent, samples)
+        return out
 
     def sample_agent(self, agent_index: int, prompts: Sequence[str], num_candidates: int,
                      items: Sequence[dict] | None = None) -> Samples:
         """Samples of one comparator slot only (used by centralized comparator generation)."""
         if self.streams is None:
             raise RuntimeError(f"{type(self).__name__}.setup(trainer, pl_module) must run before sampling.")
-        return engine_of(self.team()).sample(agent_index, list(prompts), num_candidates,
-                                             self.pl_module.sampling_settings(), self.streams[agent_index])
+        out = engine_of(self.team()).sample(agent_index, list(prompts), num_candidates,
+                                            self.pl_module.sampling_settings(), self.streams[agent_index])
+        self.verify(agent_index, out)
+        return out
+
+    def expected_weights(self, agent: int) -> dict[str, Any]:
+        """What samples of slot ``agent`` must come from (:func:`check_comparator_samples`): the live agent's weight
+        version (the live agents and copies of them; subclasses with other weights override it)."""
+        return {"version": _weight_version(self.pl_module.team, agent)}
+
+    def verify(self, agent: int, samples: Samples) -> None:
+        """Stop the run when ``samples`` were not drawn from the weights this comparator stands for (docs/engines.md,
+        "Verification")."""
+        check_comparator_samples(self.policy, agent, samples, self.round_index, **self.expected_weights(agent))
 
     def state_dict(self) -> dict:
         return {"policy": self.policy, "streams": [_stream_state(s) for s in self.streams or []]}
@@ -201,6 +225,7 @@ class CurrentCopyComparator(LocalComparator):
         self.copy: AgentTeam | None = None
 
     def prepare(self, round_index: int) -> None:
+        self.round_index = round_index
         live = self.pl_module.team
         agent_devices = [device_of(m) for m in live.models]
         devices = resolve_devices(self.devices, live.num_agents, agent_devices)
@@ -214,6 +239,8 @@ class CurrentCopyComparator(LocalComparator):
             if id(m) not in copies:
                 copies[id(m)] = copy.deepcopy(m)
         team = AgentTeam([copies[id(m)] for m in live.models], live.tokenizers, list(live.adapters), list(live.names))
+        # the copy's engine reports the live versions it copied, so a copy kept past an update is caught (verify)
+        engine_of(team).applied = [_weight_version(live, a) or 0 for a in range(live.num_agents)]
         self.copy = _freeze(team, devices)
 
     def release(self) -> None:
@@ -251,6 +278,7 @@ class ModelComparator(LocalComparator):
         self.loaded: AgentTeam | None = None
 
     def prepare(self, round_index: int) -> None:
+        self.round_index = round_index
         if self.loaded is not None:
             return
         live = self.pl_module.team
@@ -283,6 +311,10 @@ class ModelComparator(LocalComparator):
         if self.loaded is None:
             self.prepare(-1)
         return self.loaded
+
+    def expected_weights(self, agent: int) -> dict[str, Any]:
+        """A fixed model: its engine never receives a weight update (version 0)."""
+        return {"version": 0}
 
 
 def history_snapshot_dir(root: str | Path, round_index: int, k: int, num_agents: int) -> Path:
@@ -397,6 +429,18 @@ class HistoryComparator(LocalComparator):
         if self.loaded is None:
             self.prepare(self.round_index)
         return self.loaded
+
+    def expected_weights(self, agent: int) -> dict[str, Any]:
+        """The snapshot folder picked for the round (:func:`history_snapshot_dir`); an engine serving saved
+        adapters reports the folder it read (``Samples.source``), a snapshot loaded into torch is checked by the
+        folder it was loaded from. Version 0: snapshots never receive weight updates."""
+        picked = history_snapshot_dir(self.root, self.round_index, self.k, self.pl_module.team.num_agents)
+        if self.loaded_from is not None and Path(self.loaded_from) != picked:
+            raise EngineSyncError(
+                f"The 'history' comparator serves the snapshot {self.loaded_from} in round {self.round_index}, but "
+                f"the round compares against {picked} (comparator_history_k={self.k}): the comparator was not "
+                "prepared for this round (docs/engines.md, \"Verification\").")
+        return {"version": 0, "source": str(picked / f"agent_{agent}")}
 
 
 class CentralizedComparator:

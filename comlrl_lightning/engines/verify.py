@@ -5,6 +5,8 @@ returns, shared by the MAGRPO family and IAC/MAAC.
   reports must be the engine's ``weight_version(agent)`` (every sync it was told about is applied).
 * :func:`check_logprob_gap`: on an update's first minibatch, the engine's log-probs of the sampled tokens against
   the trainer's from the forward the update makes anyway.
+* :func:`check_comparator_samples`: a comparator's samples come from the weights the comparator stands for (the live
+  agents' version, a fixed model's version 0, or the history snapshot folder it picked for the round).
 """
 
 from __future__ import annotations
@@ -87,3 +89,22 @@ def check_logprob_gap(token_logps: torch.Tensor, score_mask: torch.Tensor,
             "the trainer holds. Check the engine's weight sync (docs/engines.md, \"Verification\"), or raise "
             "logprob_gap_threshold if this gap is the numerical difference of a healthy engine.")
     return gap
+
+
+def check_comparator_samples(policy: str, agent: int, samples: Samples, round_index: int, *,
+                             version: int | None = None, source: str | None = None) -> None:
+    """Raise :class:`EngineSyncError` when a comparator's samples of slot ``agent`` were drawn from other weights
+    than the comparator's: ``version`` is the weight version they must report (``samples.version``: the live agents'
+    for ``current``/``current_copy``, 0 for a fixed ``model``), ``source`` the saved folder they must come from
+    (``samples.source``: the ``history`` snapshot of the round). What the samples or the comparator leave unknown
+    (None) is not checked."""
+    wrong = []
+    if version is not None and samples.version is not None and samples.version != version:
+        wrong.append(f"weight version {samples.version} where the comparator stands for version {version}")
+    if source is not None and samples.source is not None and str(samples.source) != str(source):
+        wrong.append(f"the snapshot {samples.source} where the comparator picked {source}")
+    if wrong:
+        raise EngineSyncError(
+            f"The {policy!r} comparator's samples of agent {agent} in round {round_index} were drawn from "
+            f"{' and '.join(wrong)}: the engine serving it did not apply what the comparator asked for "
+            "(docs/engines.md, \"Verification\").")

@@ -525,7 +525,10 @@ class AdapterSnapshotEngine:
     def sample_many(self, requests: Sequence[SampleRequest], settings: SamplingSettings) -> list[Samples]:
         self.parent._check(requests)
         self.parent.start()
-        return self.parent._serve(requests, settings, self._adapter)
+        out = self.parent._serve(requests, settings, self._adapter)
+        for r, s in zip(requests, out):  # the folder vLLM was asked to read (checked by the history comparator)
+            s.source = self.requests[r.agent_index].lora_path
+        return out
 
     def sync(self, agent_indices: Sequence[int] | None = None) -> None:
         """Nothing: snapshots do not change."""

@@ -12,23 +12,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pad_eos_helpers import EOS, PAD, prompts_with
 
 from comlrl_lightning.config_rl import MAGRPOConfig
 from comlrl_lightning.engines import engine_of
 from comlrl_lightning.generation import SamplingSettings, SamplingStream, cut_at_pad
 from comlrl_lightning.logprobs import scored_token_logps, trim_at_pad, trim_completion
 
-PAD, EOS = "<|pad|>", "<|endoftext|>"
 K = 2
 NEW = 6
-
-
-def prompts_with(special: str) -> list[str]:
-    """The special text at the start, in the middle, at the end, repeated, alone, next to the other special
-    token, and a plain prompt: different lengths, so the batch is left-padded."""
-    other = EOS if special == PAD else PAD
-    return [f"{special}Topic: rivers.", f"Topic: {special} bread and butter.", f"Say it{special}",
-            f"{special}{special}a{special}", special, f"x{other}{special}y", "Topic: a plain prompt, longer."]
 
 
 class Recorder:

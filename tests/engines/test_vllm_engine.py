@@ -139,8 +139,11 @@ def test_engine_tokens_equal_the_trained_hf_model_after_every_sync(vllm_model_di
             assert snapshot is not None and snapshot.engine.name == "vllm-snapshot"
             want = [HFEngine(load_snapshot(tmp_path / "snap", n)).sample(a, PROMPTS, 1, GREEDY, SamplingStream(a))
                     for a in range(n)]
-            served = [s.completion_ids for s in _engine(snapshot, n, snapshot.engine)]
+            from_snapshot = _engine(snapshot, n, snapshot.engine)
+            served = [s.completion_ids for s in from_snapshot]
             assert served == [s.completion_ids for s in want]
+            # each sample names the adapter folder vLLM read (what the history comparator checks)
+            assert [s.source for s in from_snapshot] == [str(tmp_path / "snap" / f"agent_{a}") for a in range(n)]
             live = [s.completion_ids for s in _engine(team, n, engine)]
             assert live == [s.completion_ids for s in _hf(team, n)] and live != served
             snapshot.engine.close()
