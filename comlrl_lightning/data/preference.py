@@ -11,26 +11,25 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 
 from comlrl_lightning.data.tasks import EvalDataloaders, IndexedList, load_task_setup, resolve_callable
+from comlrl_lightning.data.tasks_dm import EpochPermutation, ResumableLoader, trainer_epoch
 from comlrl_lightning.generation import context_limit, truncate_prompt_ids
 from comlrl_lightning.logprobs import build_scoring_batch
 from comlrl_lightning.preferences import PreferencePair
 
 
-class EpochPermutation(Sampler):
-    """The same permutation however often it is iterated (Lightning iterates a fresh loader again when it
-    resumes at an epoch boundary, which would advance a stateful shuffle generator)."""
-
-    def __init__(self, n: int, seed: int):
-        self.n, self.seed = n, seed
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed)).tolist())
+def pair_loader(pairs: Sequence[PreferencePair], batch_size: int, seed: int, trainer: Any,
+                collate: Callable) -> DataLoader:
+    """Pairs as ``batch_size`` batches in a permutation of ``(seed, epoch)`` (``seed * 100_003 + epoch``, the epoch at
+    iteration time, however often the loader is built: :class:`~comlrl_lightning.data.tasks_dm.EpochPermutation`);
+    the loader resumes mid-epoch (:class:`~comlrl_lightning.data.tasks_dm.ResumableLoader`)."""
+    epoch_of = trainer_epoch(trainer)
+    sampler = EpochPermutation(len(pairs), int(seed) * 100_003, epoch_of)
+    # a private generator keeps DataLoader's worker-seed draw off the global torch RNG
+    return ResumableLoader(_PairList(list(pairs)), batch_size=batch_size, sampler=sampler, collate_fn=collate,
+                           num_workers=0, generator=torch.Generator().manual_seed(0), kind="pair", epoch_of=epoch_of)
 
 
 def check_pairs(pairs: Sequence[PreferencePair], num_agents: int) -> None:
@@ -114,11 +113,7 @@ class PreferenceDataModule(EvalDataloaders, L.LightningDataModule):
             self.batch_size = getattr(args, "train_batch_size", None) or 2
 
     def train_dataloader(self) -> DataLoader:
-        epoch = self.trainer.current_epoch if self.trainer is not None else 0
-        sampler = EpochPermutation(len(self.pairs), int(self.seed) * 100_003 + int(epoch))
-        # a private generator keeps DataLoader's worker-seed draw off the global torch RNG
-        return DataLoader(_PairList(self.pairs), batch_size=self.batch_size, sampler=sampler,
-                          generator=torch.Generator().manual_seed(0), collate_fn=self.collate, num_workers=0)
+        return pair_loader(self.pairs, self.batch_size, self.seed, self.trainer, self.collate)
 
     def state_dict(self) -> dict[str, Any]:
         return {"pairs": [dict(p.to_json(), _ids=[p.prompt_token_ids, p.winner_token_ids, p.loser_token_ids])

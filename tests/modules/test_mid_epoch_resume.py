@@ -1,0 +1,125 @@
+"""Resume from a mid-epoch checkpoint (``ModelCheckpoint(every_n_train_steps=...)``) equals the uninterrupted run
+(issue 31 item 3, issue 25 "Bad input and faults"): the task and pair loaders resume at the batch after the
+checkpoint, so the weights, the counters and every logged metric after it are the uninterrupted run's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import cpu_trainer_kwargs
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import Logger
+
+from comlrl_lightning.config_rl import MAGRPOConfig
+from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
+from comlrl_lightning.multiturn.transitions import plain_transition
+from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
+
+ITEMS = [{"prompt": f"Topic: {t}."} for t in ("rivers", "bread", "trains", "music", "owls", "maps")]
+COMMON = {"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0, "top_k": None, "agent_learning_rate": 1e-2,
+          "eval_interval": 0, "eval_num_samples": 1, "num_train_epochs": 2, "seed": 3}
+
+
+class Recorder(Logger):
+    """Every ``log_metrics`` call, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[tuple[int, dict]] = []
+
+    name, version, experiment = "recorder", 0, None
+
+    def log_metrics(self, metrics, step=None):
+        self.rows.append((step, {k: float(v) for k, v in metrics.items() if k != "epoch"}))
+
+    def log_hyperparams(self, *args, **kwargs):
+        pass
+
+
+def _magrpo(model_dir, turns=1):
+    args = MAGRPOConfig(num_generations=2, rollout_buffer_size=2, num_turns=turns, logging_steps=2, **COMMON)
+    return dict(cls=MAGRPOTrainer, args=args, shuffle=True,
+                extra={"external_transition": plain_transition} if turns > 1 else {})
+
+
+FAMILIES = {
+    "magrpo-1turn": lambda: _magrpo(None, 1),
+    "magrpo-2turn": lambda: _magrpo(None, 2),
+}
+
+
+def build(family: str, model_dir: str, **trainer_kwargs):
+    spec = FAMILIES[family]()
+    logger = Recorder()
+    t = spec["cls"](agent_model=model_dir, train_dataset=ITEMS, reward_func=cooperative_reward, formatters=FORMATTERS,
+                    args=spec["args"], trainer_kwargs=cpu_trainer_kwargs(logger=logger, **trainer_kwargs),
+                    **spec["extra"])
+    if spec["shuffle"] and hasattr(t.datamodule, "shuffle"):
+        t.datamodule.shuffle = True
+    return t, logger
+
+
+def loader_state(path) -> dict:
+    (state,) = torch.load(path, weights_only=False)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    return state
+
+
+def mid_epoch_checkpoints(folder, batches_per_epoch: int) -> list:
+    """One checkpoint inside each epoch (the first one after the epoch's first batch), oldest first."""
+    found = {}
+    for path in sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime_ns):
+        s = loader_state(path)
+        if 0 < s["batches"] < batches_per_epoch:
+            found.setdefault(s["epoch"], path)
+    return [found[e] for e in sorted(found)]
+
+
+def weights(t) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in t.module.parameters()]
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def runs(request, tiny_model_dir, tmp_path_factory):
+    family = request.param
+    root = tmp_path_factory.mktemp(family)
+    full, full_log = build(family, tiny_model_dir, default_root_dir=str(root / "full"))
+    full.train()
+    ckpt = ModelCheckpoint(dirpath=str(root / "ckpt"), filename="{epoch}-{step}", every_n_train_steps=1,
+                           save_top_k=-1)
+    saving, _ = build(family, tiny_model_dir, enable_checkpointing=True, default_root_dir=str(root / "saving"),
+                      callbacks=[ckpt])
+    saving.train()
+    batches = full.trainer.num_training_batches
+    resumed = []
+    for path in mid_epoch_checkpoints(root / "ckpt", batches):
+        t, log = build(family, tiny_model_dir, default_root_dir=str(root / "resumed"))
+        t.train(ckpt_path=str(path))
+        resumed.append((path, t, log))
+    return {"family": family, "full": full, "full_log": full_log, "saving": saving, "resumed": resumed,
+            "batches": batches}
+
+
+def test_checkpoints_inside_both_epochs_were_taken(runs):
+    assert runs["batches"] >= 3, "the job must have several batches per epoch"
+    assert len(runs["resumed"]) == 2, [str(p) for p, _, _ in runs["resumed"]]
+
+
+def test_resumed_weights_and_counters_equal_the_uninterrupted_run(runs):
+    full = runs["full"]
+    assert all(torch.equal(a, b) for a, b in zip(weights(full), weights(runs["saving"])))  # determinism itself
+    for path, t, _ in runs["resumed"]:
+        for (name, a), b in zip(full.module.named_parameters(), t.module.parameters()):
+            assert torch.equal(a, b), f"{runs['family']} resumed from {path.name}: {name} differs by " \
+                                      f"{(a - b).abs().max().item():.3g}"
+        assert t.trainer.global_step == full.trainer.global_step
+        assert t.module.env_step == full.module.env_step
+        assert t.module.updates_seen == full.module.updates_seen
+
+
+def test_resumed_run_logs_what_the_uninterrupted_run_logged_after_the_checkpoint(runs):
+    full_rows = runs["full_log"].rows
+    for path, _, log in runs["resumed"]:
+        assert log.rows, f"the run resumed from {path.name} logged nothing"
+        tail = full_rows[len(full_rows) - len(log.rows):]
+        assert log.rows == tail, f"{runs['family']} resumed from {path.name}: first rows {log.rows[:2]} " \
+                                 f"!= {tail[:2]}"
