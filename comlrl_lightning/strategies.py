@@ -4,8 +4,10 @@
 * :func:`check_strategy`: the strategies the team modules cannot run are refused with the route that works.
   DeepSpeed (Lightning's ``DeepSpeedStrategy`` takes one optimizer; the modules keep one per agent) and FSDP1
   (``strategy="fsdp"``: manual optimization under ``FSDPStrategy`` is an open Lightning bug, Lightning-AI/
-  pytorch-lightning#19685). ``ModelParallelStrategy`` (FSDP2) needs ``configure_model``, which the modules do not
-  implement yet: refused too, with the same pointer.
+  pytorch-lightning#19685). ``ModelParallelStrategy`` (FSDP2) runs the team modules, which shard their agents in
+  ``configure_model`` (:mod:`comlrl_lightning.sharding`): a module without ``configure_model`` is refused, and so are a
+  mesh that does not cover the world size, tensor parallelism and ``agent_overlap="on"``; ``"auto"`` mesh sizes are
+  resolved to a data-parallel mesh over every process.
 * :func:`check_launch`: the process counts SLURM (``SLURM_NTASKS``, ``SLURM_NTASKS_PER_NODE``, ``SLURM_NNODES``)
   or torchrun (``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``) started, against the trainer's ``devices`` and ``num_nodes``.
   A mismatch makes some ranks wait for processes that never come (Lightning-AI/pytorch-lightning#20391, #19883);
@@ -26,19 +28,22 @@ from typing import Any
 
 #: What every refusal points to (docs/scaling.md, "Strategies").
 ROUTES = (
-    "What works today: strategy=\"ddp\" (every rank holds every agent; each agent's gradients are averaged at its own "
-    "step), or LoRA agents on one shared frozen base (lora=..., one adapter and one optimizer per agent), which fits "
-    "several agents on one GPU. Sharding full agents across ranks is planned through FSDP2 (Lightning's "
-    "ModelParallelStrategy with configure_model) and is not built yet. See docs/scaling.md, \"Strategies\".")
+    "What works: strategy=\"ddp\" (every rank holds every agent; each agent's gradients are averaged at its own "
+    "step); LoRA agents on one shared frozen base (lora=..., one adapter and one optimizer per agent), which fits "
+    "several agents on one GPU; or, for full agents that do not fit on one device, FSDP2: "
+    "strategy=ModelParallelStrategy() (lightning.pytorch.strategies), which shards every agent over the ranks. "
+    "See docs/scaling.md, \"Strategies\".")
 
 
 def _class_names(obj: Any) -> set[str]:
     return {c.__name__ for c in type(obj).__mro__}
 
 
-def strategy_refusal(strategy: Any, module: Any = None) -> str | None:
+def strategy_refusal(strategy: Any, module: Any = None, world_size: int | None = None) -> str | None:
     """Why ``strategy`` (a Lightning strategy object) cannot run a team module, else None. Classes are matched by
-    name along the MRO, so the check needs neither DeepSpeed nor a GPU, and subclasses are caught too."""
+    name along the MRO, so the check needs neither DeepSpeed nor a GPU, and subclasses are caught too. With
+    ``world_size`` (devices x num_nodes), a ``ModelParallelStrategy``'s mesh is checked against it
+    (:func:`~comlrl_lightning.sharding.mesh_problem`)."""
     names = _class_names(strategy)
     if "DeepSpeedStrategy" in names:
         return (f"strategy={type(strategy).__name__} (DeepSpeed) is not supported: the team modules drive one "
@@ -48,10 +53,40 @@ def strategy_refusal(strategy: Any, module: Any = None) -> str | None:
         return (f"strategy={type(strategy).__name__} (strategy=\"fsdp\", FSDP1) is not supported: FSDP1 with "
                 "manual optimization, which the team modules use (one optimizer per agent), is an open Lightning "
                 f"bug (Lightning-AI/pytorch-lightning#19685). {ROUTES}")
-    if "ModelParallelStrategy" in names and module is not None and not _overrides_configure_model(module):
+    if "ModelParallelStrategy" not in names:
+        return None
+    if module is not None and not _overrides_configure_model(module):
         return (f"strategy={type(strategy).__name__} (FSDP2) needs the module to shard its models in "
-                f"configure_model(), which {type(module).__name__} does not implement yet. {ROUTES}")
+                f"configure_model(), which {type(module).__name__} does not implement. {ROUTES}")
+    from comlrl_lightning.sharding import fsdp_available, mesh_problem
+
+    if not fsdp_available():
+        import torch
+
+        return (f"strategy={type(strategy).__name__} (FSDP2) needs torch.distributed.fsdp.fully_shard "
+                f"(torch >= 2.6); this torch is {torch.__version__}. Upgrade torch, or use strategy=\"ddp\".")
+    overlap = getattr(getattr(module, "args", None), "agent_overlap", "auto")
+    if str(overlap).lower() in ("on", "true"):
+        return (f"agent_overlap={overlap!r} with strategy={type(strategy).__name__} (FSDP2): every rank must gather "
+                "the agents' shards in the same order, which agents generating or updating at the same time in "
+                "threads do not give. Use agent_overlap='auto' or 'off'.")
+    if world_size is not None:
+        return mesh_problem(getattr(strategy, "_data_parallel_size", "auto"),
+                            getattr(strategy, "_tensor_parallel_size", "auto"), int(world_size))
     return None
+
+
+def resolve_model_parallel(strategy: Any, world_size: int) -> None:
+    """Give a ``ModelParallelStrategy`` with ``"auto"`` sizes the team modules' mesh: data-parallel over every
+    process, no tensor parallelism (:func:`~comlrl_lightning.sharding.resolve_mesh`). Lightning's own ``"auto"``
+    would make the processes of a node tensor-parallel ranks, which would all read the same batches."""
+    if "ModelParallelStrategy" not in _class_names(strategy):
+        return
+    from comlrl_lightning.sharding import resolve_mesh
+
+    dp, tp = resolve_mesh(getattr(strategy, "_data_parallel_size", "auto"),
+                          getattr(strategy, "_tensor_parallel_size", "auto"), world_size)
+    strategy._data_parallel_size, strategy._tensor_parallel_size = dp, tp
 
 
 def _overrides_configure_model(module: Any) -> bool:
@@ -60,9 +95,9 @@ def _overrides_configure_model(module: Any) -> bool:
     return type(module).configure_model is not L.LightningModule.configure_model
 
 
-def check_strategy(strategy: Any, module: Any = None) -> None:
+def check_strategy(strategy: Any, module: Any = None, world_size: int | None = None) -> None:
     """Raise ``ValueError`` with :func:`strategy_refusal`'s message when there is one."""
-    reason = strategy_refusal(strategy, module)
+    reason = strategy_refusal(strategy, module, world_size)
     if reason is not None:
         raise ValueError(reason)
 
@@ -148,8 +183,10 @@ def preflight(trainer: Any, module: Any = None) -> None:
     ``trainer.num_nodes`` when the trainer expects several processes or torchrun started this one
     (``TORCHELASTIC_RUN_ID``). A single-process trainer is not checked otherwise: ``srun`` may start independent
     single-device runs on purpose, and Lightning's own launcher leaves ``WORLD_SIZE`` in its process's
-    environment after a multi-process fit."""
-    check_strategy(trainer.strategy, module)
+    environment after a multi-process fit. A ``ModelParallelStrategy``'s mesh is checked against devices x num_nodes,
+    then its ``"auto"`` sizes are resolved (:func:`resolve_model_parallel`)."""
     devices, num_nodes = int(trainer.num_devices), int(trainer.num_nodes)
+    check_strategy(trainer.strategy, module, devices * num_nodes)
+    resolve_model_parallel(trainer.strategy, devices * num_nodes)
     if devices * num_nodes > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
         check_launch(devices, num_nodes)

@@ -118,7 +118,7 @@ class ActorCriticModule(TeamModuleBase):
             self.reference = ReferencePolicies(self.team, a.reference_devices)
         self.streams = self.rollout_streams(a.seed)
         self._rng = random.Random(a.seed)
-        self.buffers: list[list[EpisodeSample]] = [[] for _ in range(n)]
+        self.rollout_buffers: list[list[EpisodeSample]] = [[] for _ in range(n)]
         self.num_drains = 0
         self.policy_versions = [0] * n  # updates (buffer drains) of each agent so far: the version of its weights
         self._gap_version: dict[int, int | None] = {}  # per agent: the version its next minibatch checks, or None
@@ -355,7 +355,7 @@ class ActorCriticModule(TeamModuleBase):
                 self.env_step += len(rollouts) // n
                 for s in rollouts:
                     s.version = versions[s.agent]
-                    self.buffers[s.agent].append(s)
+                    self.rollout_buffers[s.agent].append(s)
                 if self.metrics_callback is not None:
                     clean = {}
                     for key, v in (self.metrics_callback(rollouts) or {}).items():
@@ -366,9 +366,9 @@ class ActorCriticModule(TeamModuleBase):
                     self._emit(clean, gate=False)
                 self.log("reward", sum(s.reward for s in rollouts) / len(rollouts), prog_bar=True, logger=False,
                          batch_size=1)
-                ready = [i for i in range(n) if len(self.buffers[i]) >= a.rollout_buffer_size]
+                ready = [i for i in range(n) if len(self.rollout_buffers[i]) >= a.rollout_buffer_size]
                 if last_batch and done == len(entries):  # the epoch's last item: flush everything
-                    ready = [i for i in range(n) if self.buffers[i]]
+                    ready = [i for i in range(n) if self.rollout_buffers[i]]
                 if ready:
                     self._drain(ready)
                 self.updates_seen += 1
@@ -376,7 +376,7 @@ class ActorCriticModule(TeamModuleBase):
     def on_train_epoch_end(self) -> None:
         # Normally flushed by the epoch's last training_step (so its optimizer steps count in global_step);
         # this catches an epoch cut short (max_steps) or a dataloader without a length.
-        pending = [i for i in range(self.team.num_agents) if self.buffers[i]]
+        pending = [i for i in range(self.team.num_agents) if self.rollout_buffers[i]]
         if pending:
             self._drain(pending)
 
@@ -387,7 +387,7 @@ class ActorCriticModule(TeamModuleBase):
         them one after another)."""
         plans, staleness = [], {}
         for i in agents:
-            samples, self.buffers[i] = self.buffers[i], []
+            samples, self.rollout_buffers[i] = self.rollout_buffers[i], []
             staleness[f"train/agent{i}/staleness"] = sum(self.policy_versions[i] - s.version for s in samples) / len(
                 samples)
             self._gap_version[i] = self.policy_versions[i]  # checked on the first minibatch (_update)
@@ -511,12 +511,12 @@ class ActorCriticModule(TeamModuleBase):
         self.load_rank_state(state)
 
     def rank_state(self) -> dict[str, Any]:
-        return {"buffers": [[s.as_dict() for s in b] for b in self.buffers],
+        return {"buffers": [[s.as_dict() for s in b] for b in self.rollout_buffers],
                 **self.random_state(self.streams, self._rng)}
 
     def load_rank_state(self, state: dict[str, Any]) -> None:
         if "buffers" in state:
-            self.buffers = [[EpisodeSample.from_dict(s) for s in b] for b in state["buffers"]]
+            self.rollout_buffers = [[EpisodeSample.from_dict(s) for s in b] for b in state["buffers"]]
         self.load_random_state(state, self.streams, self._rng)
 
     def save_agents(self, output_dir: str) -> list[str]:

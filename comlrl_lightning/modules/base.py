@@ -302,6 +302,14 @@ class TeamModuleBase(L.LightningModule):
             return []
         return [EngineShutdown(engine)]
 
+    def configure_model(self) -> None:
+        """Under Lightning's ``ModelParallelStrategy`` (FSDP2): shard every trained member (agents, critics) layer
+        by layer on the data-parallel mesh (:func:`~comlrl_lightning.sharding.shard_team`, docs/scaling.md
+        "FSDP2"); nothing under any other strategy. Lightning calls it after ``setup``, before the optimizers."""
+        from comlrl_lightning.sharding import shard_team
+
+        shard_team(self)
+
     # --- optimizers --------------------------------------------------------------------------------------
     def agent_parameters(self, i: int) -> list[nn.Parameter]:
         """What agent i's optimizer trains (its weights or LoRA adapter)."""
@@ -487,7 +495,7 @@ class TeamModuleBase(L.LightningModule):
     # --- progress and export -----------------------------------------------------------------------------
     def max_samples_per_item(self) -> int | None:
         """The most samples one task item gives each agent's buffer (the RL trainers, which roll out task items
-        into ``self.buffers``), or None for a module that does not."""
+        into ``self.rollout_buffers``), or None for a module that does not."""
         return None
 
     def items_per_step(self) -> int:
@@ -503,9 +511,9 @@ class TeamModuleBase(L.LightningModule):
 
     def update_windows(self, batch: Sequence) -> Iterator[list]:
         """The groups of ``batch``'s items rolled out together (:func:`~comlrl_lightning.multiturn.tree.update_windows`
-        over ``self.buffers``; the whole batch with a fixed ``generation_batch_size``)."""
+        over ``self.rollout_buffers``; the whole batch with a fixed ``generation_batch_size``)."""
         a = self.args
-        return update_windows(batch, lambda: [len(b) for b in self.buffers], a.rollout_buffer_size,
+        return update_windows(batch, lambda: [len(b) for b in self.rollout_buffers], a.rollout_buffer_size,
                               self.max_samples_per_item(), whole=a.generation_batch_size is not None)
 
     def updates_in_batch(self, batch: Any) -> int:

@@ -98,7 +98,7 @@ class MAGRPOModule(TeamModuleBase):
         n = self.team.num_agents
         self.streams = self.rollout_streams(self.args.seed)
         self.shuffle_rng = random.Random(self.args.seed)
-        self.buffers: list[list[NodeSample]] = [[] for _ in range(n)]
+        self.rollout_buffers: list[list[NodeSample]] = [[] for _ in range(n)]
         self.optimizer_steps = 0
         self.policy_versions = [0] * n  # updates (buffer drains) of each agent so far: the version of its weights
         self._gap_version: dict[int, int | None] = {}  # per agent: the version its next minibatch checks, or None
@@ -314,8 +314,8 @@ class MAGRPOModule(TeamModuleBase):
                     ready = []
                     for s in group:
                         s.version = versions[s.agent]
-                        self.buffers[s.agent].append(s)
-                        if len(self.buffers[s.agent]) >= self.args.rollout_buffer_size and s.agent not in ready:
+                        self.rollout_buffers[s.agent].append(s)
+                        if len(self.rollout_buffers[s.agent]) >= self.args.rollout_buffer_size and s.agent not in ready:
                             ready.append(s.agent)
                     losses += self.drain_agents(ready)
                 self.updates_seen += 1
@@ -330,7 +330,7 @@ class MAGRPOModule(TeamModuleBase):
 
     def flush(self) -> list[float]:
         """Drain every non-empty buffer (end of epoch)."""
-        return self.drain_agents([agent for agent in range(self.team.num_agents) if self.buffers[agent]])
+        return self.drain_agents([agent for agent in range(self.team.num_agents) if self.rollout_buffers[agent]])
 
     def drain(self, agent: int) -> list[float]:
         """Update ``agent`` on its buffer: per turn (ascending), shuffled minibatches of train_batch_size."""
@@ -345,7 +345,7 @@ class MAGRPOModule(TeamModuleBase):
         last, in agent and turn order."""
         plans, staleness, version_of = [], [], {}
         for agent in agents:
-            samples, self.buffers[agent] = self.buffers[agent], []
+            samples, self.rollout_buffers[agent] = self.rollout_buffers[agent], []
             staleness.append(_mean([self.policy_versions[agent] - s.version for s in samples]))
             version_of[agent] = self.policy_versions[agent]
             self.policy_versions[agent] += 1
@@ -483,12 +483,12 @@ class MAGRPOModule(TeamModuleBase):
 
     def rank_state(self) -> dict[str, Any]:
         # the samples waiting for their agent's next update (a checkpoint inside an epoch keeps them; plain types)
-        return {"buffers": [[dataclasses.asdict(s) for s in b] for b in self.buffers],
+        return {"buffers": [[dataclasses.asdict(s) for s in b] for b in self.rollout_buffers],
                 **self.random_state(self.streams, self.shuffle_rng)}
 
     def load_rank_state(self, state: dict[str, Any]) -> None:
         if "buffers" in state:
-            self.buffers = [[NodeSample(**s) for s in b] for b in state["buffers"]]
+            self.rollout_buffers = [[NodeSample(**s) for s in b] for b in state["buffers"]]
         self.load_random_state(state, self.streams, self.shuffle_rng)
 
 

@@ -283,7 +283,7 @@ def test_iac_attached_heads_schedule_and_every_parameter_trains(tiny_model_dir):
     trainer = _fit(m, ITEMS[:5])
     assert [(r["agent"], r["n"], r["items_done"]) for r in record] == [
         (0, 4, 1), (1, 4, 1), (0, 4, 3), (1, 4, 3), (0, 2, 4), (1, 2, 4)]
-    assert m.env_step == 10 and all(not b for b in m.buffers)
+    assert m.env_step == 10 and all(not b for b in m.rollout_buffers)
     assert trainer.global_step == 2 * 2 * 2 + 2 * 1  # one optimizer per agent (it owns the head too)
     assert _unchanged(m, before) == []
     assert any(n.startswith("value_heads.") for n in before)

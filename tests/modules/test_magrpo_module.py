@@ -139,7 +139,7 @@ def test_buffer_schedule_and_epoch_flush(tiny_model_dir):
     original = tr.module.drain_agents
 
     def spy(agents):
-        drains.extend((agent, sorted(s.turn for s in tr.module.buffers[agent])) for agent in agents)
+        drains.extend((agent, sorted(s.turn for s in tr.module.rollout_buffers[agent])) for agent in agents)
         return original(agents)
 
     tr.module.drain_agents = spy
@@ -148,7 +148,7 @@ def test_buffer_schedule_and_epoch_flush(tiny_model_dir):
     # full (4: turns 0, 1, 1, 0), its two children are flushed at the epoch's last step
     for agent in (0, 1):
         assert [turns for a, turns in drains if a == agent] == [[0, 0, 1, 1], [1, 1]]
-    assert all(not b for b in tr.module.buffers)
+    assert all(not b for b in tr.module.rollout_buffers)
     assert tr.module.env_step == 2 * (2 + 2 * 2)
     # optimizer steps per drain = sum over turns of ceil(n_turn / 3)
     expected = sum(-(-t.count(0) // 3) + -(-t.count(1) // 3) for _, t in drains)

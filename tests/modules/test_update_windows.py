@@ -168,7 +168,7 @@ def test_buffered_samples_survive_a_checkpoint(tiny_model_dir):
     (_, samples), = m.rollout_batch([(0, ITEMS[0])], dm.formatters, dm.oracle, dm.external_transition)
     for s in samples:
         s.version = 3
-        m.buffers[s.agent].append(s)
+        m.rollout_buffers[s.agent].append(s)
     m.policy_versions = [3, 3]
     progress, rank = m.progress_state(), m.rank_state()  # what on_save_checkpoint stores
     buf = io.BytesIO()
@@ -178,4 +178,4 @@ def test_buffered_samples_survive_a_checkpoint(tiny_model_dir):
     fresh = magrpo(tiny_model_dir, ITEMS, num_turns=2, rollout_buffer_size=4).module
     fresh.load_progress_state(loaded["progress"])
     fresh.load_rank_state(loaded["rank"])
-    assert fresh.buffers == m.buffers and fresh.policy_versions == [3, 3] and len(fresh.buffers[0]) == 3
+    assert fresh.rollout_buffers == m.rollout_buffers and fresh.policy_versions == [3, 3] and len(fresh.rollout_buffers[0]) == 3

@@ -1,0 +1,203 @@
+"""FSDP2 for the team modules: which submodules to shard, the data-parallel mesh, generation with sharded weights
+(docs/scaling.md, "FSDP2").
+
+Under Lightning's ``ModelParallelStrategy`` the modules' ``configure_model`` calls :func:`shard_team`: every trained
+member (each agent's model, IAC/MAAC's critics and value heads) is sharded with torch's ``fully_shard`` on the
+``data_parallel`` dimension of the strategy's device mesh, layer by layer: each transformer block (the classes a
+Hugging Face model lists in ``_no_split_modules``) is one FSDP unit, then the member itself (embeddings, final norm,
+head). Each member is its own FSDP root, so a backward through agent i reduce-scatters agent i's gradients only, at
+its own step: one optimizer per agent, the update order, clipping (``clip_grad_norm_`` reduces the norm of the
+``DTensor`` shards over the mesh) and accumulation stay as they are.
+
+Generation: a sharded layer gathers its weights at each forward and frees them after, so a ``generate`` call would
+run one collective per layer per new token, and two ranks whose completions stop at different lengths would wait
+for each other forever. :func:`gathered` unshards a whole member once, keeps it whole through the call, and reshards
+it after: :func:`shard_team` puts it around each sharded model's ``generate`` (one all-gather per layer per call;
+ranks must still call ``generate`` of an agent the same number of times, which the per-rank batches of equal size
+give).
+
+Checks (:func:`mesh_problem`): the strategy's mesh must be data-parallel only, and its sizes must multiply to the
+world size; ``"auto"`` sizes become ``(world size, 1)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def fsdp_available() -> bool:
+    """True when this torch has FSDP2 (``torch.distributed.fsdp.fully_shard``, torch >= 2.6)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, fully_shard  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def is_sharded(module: nn.Module) -> bool:
+    """True when ``module`` (or one of its submodules) was sharded by ``fully_shard``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in module.modules())
+
+
+def block_classes(module: nn.Module) -> set[str]:
+    """Class names of the transformer blocks of ``module``: every ``_no_split_modules`` entry of the Hugging Face
+    models inside it (e.g. ``{"Qwen2DecoderLayer"}``); empty for a module without one."""
+    names: set[str] = set()
+    for m in module.modules():
+        names.update(getattr(m, "_no_split_modules", None) or [])
+    return names
+
+
+def shard_units(module: nn.Module) -> list[nn.Module]:
+    """The submodules of ``module`` that become FSDP units of their own, outermost first and in module order: each
+    transformer block (:func:`block_classes`), not nested in another; then ``module`` itself is the last unit."""
+    blocks = block_classes(module)
+    units: list[nn.Module] = []
+    inside: set[int] = set()
+    for m in module.modules():
+        if m is module or id(m) in inside:
+            continue
+        if type(m).__name__ in blocks:
+            units.append(m)
+            inside.update(id(s) for s in m.modules())
+    return units
+
+
+def mesh_problem(data_parallel_size: Any, tensor_parallel_size: Any, world_size: int) -> str | None:
+    """Why a ``ModelParallelStrategy`` with these sizes cannot run a team module on ``world_size`` processes, else
+    None. ``"auto"`` is read as :func:`resolve_mesh` reads it."""
+    dp, tp = resolve_mesh(data_parallel_size, tensor_parallel_size, world_size)
+    if tp != 1:
+        return (f"ModelParallelStrategy(tensor_parallel_size={tensor_parallel_size!r}) asks for tensor parallelism, "
+                "which the team modules do not build: they shard each agent over the data-parallel ranks only "
+                f"(FSDP2). Use ModelParallelStrategy(data_parallel_size={world_size}, tensor_parallel_size=1) or "
+                "leave both sizes at \"auto\". See docs/scaling.md, \"FSDP2\".")
+    if dp * tp != world_size:
+        return (f"ModelParallelStrategy(data_parallel_size={data_parallel_size!r}, tensor_parallel_size="
+                f"{tensor_parallel_size!r}) makes a mesh of {dp} x {tp} = {dp * tp} process(es), but the trainer runs "
+                f"{world_size} (devices x num_nodes): the mesh must cover every process. Use "
+                f"data_parallel_size={world_size}, tensor_parallel_size=1 (or \"auto\" for both).")
+    return None
+
+
+def resolve_mesh(data_parallel_size: Any, tensor_parallel_size: Any, world_size: int) -> tuple[int, int]:
+    """``(data_parallel_size, tensor_parallel_size)`` with ``"auto"`` resolved for the team modules: no tensor
+    parallelism (``tp = 1``), and the data-parallel size fills the world (``world_size // tp``). (Lightning's own
+    ``"auto"`` would make every GPU of a node a tensor-parallel rank.) A size that is not a whole number >= 1 is a
+    ``ValueError``."""
+    def whole(name: str, value: Any) -> int | None:
+        if value == "auto":
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"ModelParallelStrategy({name}={value!r}): expected \"auto\" or a whole number >= 1.")
+        return value
+
+    dp, tp = whole("data_parallel_size", data_parallel_size), whole("tensor_parallel_size", tensor_parallel_size)
+    tp = 1 if tp is None else tp
+    return (max(1, world_size // tp) if dp is None else dp), tp
+
+
+@contextlib.contextmanager
+def gathered(module: nn.Module) -> Iterator[nn.Module]:
+    """Every FSDP unit of ``module`` unsharded (its whole weights on this rank) for the duration, then resharded.
+
+    A collective (one all-gather per unit): every rank enters it for the same module at the same point. Inside,
+    forwards run no collective, so ranks may run different numbers of them (``generate`` stopping at different
+    lengths). The units' ``reshard_after_forward`` settings are restored on exit."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    settings = []
+    for m in units:
+        groups = m._get_fsdp_state()._fsdp_param_groups  # noqa: SLF001 - FSDP2 has no public getter of the flag
+        settings.append(bool(groups[0]._reshard_after_forward) if groups else True)  # noqa: SLF001
+    try:
+        for m in units:
+            m.set_reshard_after_forward(False, recurse=False)
+            m.unshard()
+        yield module
+    finally:
+        for m, setting in zip(units, settings):
+            m.reshard()
+            m.set_reshard_after_forward(setting, recurse=False)
+
+
+def _gathered_generate(module: nn.Module, generate: Any, *args: Any, **kwargs: Any) -> Any:
+    with gathered(module):
+        return generate(*args, **kwargs)
+
+
+def shard_member(member: nn.Module, mesh: Any) -> nn.Module:
+    """``fully_shard`` each unit of :func:`shard_units`, then ``member`` itself, on ``mesh``; a member with a
+    ``generate`` method gets it wrapped in :func:`gathered`. Idempotent (a sharded member is returned as is)."""
+    from torch.distributed.fsdp import fully_shard
+
+    if is_sharded(member):
+        return member
+    for unit in shard_units(member):
+        fully_shard(unit, mesh=mesh)
+    fully_shard(member, mesh=mesh)
+    if callable(getattr(member, "generate", None)):
+        # an instance attribute: generation code calls ``model.generate`` unchanged
+        object.__setattr__(member, "generate", functools.partial(_gathered_generate, member, member.generate))
+    return member
+
+
+def shard_team(module: Any) -> int:
+    """Shard the trained members of team module ``module`` (``module.trainable_modules()``: every distinct agent
+    model, then critics and value heads) on the ``data_parallel`` mesh of Lightning's ``ModelParallelStrategy``;
+    nothing under another strategy. Returns the number of members sharded (0 when nothing was done).
+
+    Refused (``ValueError``): LoRA agents (the shared frozen base and its per-agent adapters are not sharded yet),
+    ``parallel_training="mp"`` and a non-HF ``generation_backend``."""
+    trainer = getattr(module, "_trainer", None)
+    strategy = getattr(trainer, "strategy", None) if trainer is not None else None
+    if strategy is None or "ModelParallelStrategy" not in {c.__name__ for c in type(strategy).__mro__}:
+        return 0
+    a = module.args
+    if module.team.uses_lora:
+        raise ValueError("ModelParallelStrategy (FSDP2) with lora=... is not supported yet: LoRA agents share one "
+                         "frozen base, which fits on one device by design; use strategy=\"ddp\" for them "
+                         "(docs/scaling.md, \"Strategies\").")
+    if getattr(a, "parallel_training", "none") == "mp":
+        raise ValueError("parallel_training='mp' places agents on devices inside one process; with "
+                         "ModelParallelStrategy (FSDP2) every process holds a shard of every agent. Use "
+                         "parallel_training='none'.")
+    backend = getattr(a, "generation_backend", "hf")
+    if backend != "hf":
+        raise ValueError(f"generation_backend={backend!r} with ModelParallelStrategy (FSDP2) is not supported yet: "
+                         "the engine would need the agents' full weights at every sync. Use generation_backend='hf'.")
+    mesh = strategy.device_mesh
+    dp_mesh = mesh["data_parallel"] if mesh.mesh_dim_names and "data_parallel" in mesh.mesh_dim_names else mesh
+    members = list({id(m): m for m in module.trainable_modules()}.values())
+    for member in members:
+        if any(p.requires_grad for p in member.parameters()):
+            shard_member(member, dp_mesh)
+    return len(members)
+
+
+def local_numel(params: Any) -> int:
+    """Elements this rank holds of ``params`` (a ``DTensor``'s local shard, a plain tensor whole)."""
+    total = 0
+    for p in params:
+        local = p.to_local() if hasattr(p, "to_local") else p
+        total += local.numel()
+    return total
+
+
+def full_state_dict(member: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole state dict of a (possibly sharded) member, on CPU. Sharded: a collective (every rank calls it), and
+    only rank 0 receives the tensors (the other ranks get an empty dict: rank 0 writes exported agents)."""
+    if not is_sharded(member):
+        return member.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(member, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -1,0 +1,111 @@
+"""FSDP2 through Lightning's ModelParallelStrategy (docs/scaling.md, "FSDP2"): the team modules shard their agents in
+configure_model; an FSDP2 fit ends with the weights of the strategy="ddp" fit of the same seed, each rank holding
+half of every member; the mesh checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from comlrl_lightning.sharding import block_classes, mesh_problem, resolve_mesh, shard_units
+from comlrl_lightning.strategies import preflight, strategy_refusal
+
+TESTS = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(TESTS.parent), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+MEMBERS = {"magrpo": 2, "iac": 4, "maac": 3, "madpo": 2}  # agents, then critics / value heads
+
+
+def _fit_both(tiny_model_dir, tmp_path, fits):
+    out = subprocess.run([sys.executable, str(TESTS / "fsdp_strategy_script.py"), str(tmp_path), tiny_model_dir,
+                          *fits], capture_output=True, text=True, timeout=900, env=ENV, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+
+
+def _check(ranks, name):
+    ddp, fsdp = ranks[0][f"{name}/ddp"], ranks[0][f"{name}/fsdp2"]
+    assert fsdp["world"] == 2 and fsdp["global_step"] == ddp["global_step"] > 0
+    assert fsdp["param_type"] == "DTensor" and ddp["param_type"] == "Parameter"
+    assert len(fsdp["weights"]) == len(ddp["weights"]) == MEMBERS[name]
+    local = [ranks[r][f"{name}/fsdp2"]["local"] for r in (0, 1)]
+    numel, total = fsdp["numel"], sum(fsdp["numel"])
+    for m, n in enumerate(numel):  # every member split between the ranks (DDP: each rank holds it whole)
+        assert local[0][m] + local[1][m] == n and ranks[1][f"{name}/ddp"]["local"][m] == n, (name, m)
+    for r in (0, 1):  # the agents in exact halves; a value head's 1-row output layer sits on rank 0 whole
+        assert local[r][:2] == [n // 2 for n in numel[:2]], (name, r, local[r])
+        assert abs(sum(local[r]) - total / 2) <= 0.01 * total, (name, r, local[r], numel)
+    for a, b in zip(ranks[0][f"{name}/fsdp2"]["weights"], ranks[1][f"{name}/fsdp2"]["weights"]):
+        assert torch.equal(a, b), name  # the gathered weights are one model
+    for before, a, b in zip(fsdp["initial"], ddp["weights"], fsdp["weights"]):
+        assert torch.isfinite(b).all() and not torch.equal(before, b), f"{name}: a member did not train"
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=f"{name}: FSDP2 differs from strategy=ddp")
+
+
+@pytest.mark.slow
+def test_fsdp2_equals_ddp_and_shards_half_for_every_family(tiny_model_dir, tmp_path):
+    """On 2 gloo processes, 2-turn MAGRPO, IAC (separate critics), MAAC (one shared critic) and MADPO (clipping,
+    accumulation over 2 batches): every trained parameter is a DTensor, each rank holds half of every agent, and the
+    fit ends with the weights of strategy="ddp" from the same seed (generation gathers each agent whole)."""
+    ranks = _fit_both(tiny_model_dir, tmp_path, list(MEMBERS))
+    for name in MEMBERS:
+        _check(ranks, name)
+
+
+# --- mesh checks and what gets sharded ------------------------------------------------------------------------
+def test_mesh_auto_is_data_parallel_over_every_process():
+    assert resolve_mesh("auto", "auto", 4) == (4, 1)
+    assert resolve_mesh(4, "auto", 4) == (4, 1)
+    assert mesh_problem("auto", "auto", 4) is None and mesh_problem(4, 1, 4) is None
+
+
+def test_tensor_parallel_and_uncovered_mesh_are_clear_errors():
+    message = mesh_problem("auto", 2, 4)
+    assert "tensor_parallel_size=2" in message and "tensor parallelism" in message
+    assert "data_parallel_size=4, tensor_parallel_size=1" in message
+    message = mesh_problem(3, 1, 4)
+    assert "3 x 1 = 3" in message and "runs 4" in message and "data_parallel_size=4" in message
+    with pytest.raises(ValueError, match="data_parallel_size=0"):
+        resolve_mesh(0, 1, 2)
+
+
+def test_preflight_checks_and_resolves_the_model_parallel_mesh(tiny_model_dir):
+    import lightning as L
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    class Prepared(L.LightningModule):
+        def configure_model(self) -> None:
+            pass
+
+    strategy = ModelParallelStrategy(data_parallel_size=3)
+    with pytest.raises(ValueError, match="3 x 1 = 3"):
+        preflight(SimpleNamespace(strategy=strategy, num_devices=2, num_nodes=1), Prepared())
+    strategy = ModelParallelStrategy(tensor_parallel_size=2)
+    assert "tensor parallelism" in strategy_refusal(strategy, Prepared(), 2)
+    strategy = ModelParallelStrategy()  # "auto": Lightning would make both processes tensor-parallel ranks
+    preflight(SimpleNamespace(strategy=strategy, num_devices=1, num_nodes=1), Prepared())
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (1, 1)
+    on = Prepared()
+    on.args = SimpleNamespace(agent_overlap="on")
+    assert "agent_overlap='on'" in strategy_refusal(ModelParallelStrategy(), on, 2)
+
+
+def test_every_team_module_implements_configure_model():
+    from comlrl_lightning.modules.base import TeamModuleBase
+
+    assert strategy_refusal(__import__("lightning.pytorch.strategies", fromlist=["x"]).ModelParallelStrategy(),
+                            TeamModuleBase.__new__(TeamModuleBase)) is None
+
+
+def test_shard_units_are_the_decoder_layers(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert block_classes(model) == {"Qwen2DecoderLayer"}
+    assert shard_units(model) == list(model.model.layers)
+    assert shard_units(torch.nn.Linear(2, 2)) == []

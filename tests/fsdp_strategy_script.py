@@ -1,0 +1,78 @@
+"""FSDP2 (Lightning's ModelParallelStrategy) against strategy="ddp", on 2 CPU processes (gloo), run by
+tests/components/test_fsdp.py.
+
+Usage: ``fsdp_strategy_script.py OUT MODEL FIT [FIT ...]``, FIT among ``magrpo``, ``iac``, ``maac``, ``madpo``. Each
+FIT is trained twice in the same two processes from the same seed: with ``strategy="ddp"`` (the reference), then
+with ``ModelParallelStrategy()`` (every agent and critic sharded by the module's ``configure_model``). Each rank
+writes ``OUT/rank{r}.pt``: per fit and run, every trained parameter before the fit and after it (gathered whole) (agents, then critics) flattened
+in float64, the elements this rank holds of each member, the whole element count, the global step, the world size,
+and the type name of the first agent parameter.
+"""
+import os
+import sys
+
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+
+from comlrl_lightning.config import IACConfig, MAACConfig, MADPOConfig, MAGRPOConfig
+from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
+from comlrl_lightning.multiturn.transitions import plain_transition
+from comlrl_lightning.sharding import local_numel
+
+out_dir, model_dir, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+items = [{"prompt": f"Topic: {t}."} for t in ("rivers", "bread", "trains", "music")]
+sampling = dict(max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-2, num_train_epochs=1,
+                eval_interval=0, eval_num_samples=0, seed=0)
+common = dict(agent_model=model_dir, train_dataset=items, reward_func=cooperative_reward, formatters=FORMATTERS)
+
+
+def build(name: str, strategy):
+    tk = dict(accelerator="cpu", devices=2, strategy=strategy, enable_progress_bar=False, enable_model_summary=False,
+              enable_checkpointing=False, default_root_dir=out_dir, logger=False)
+    if name == "magrpo":  # 2 turns, 2 agents, gradient clipping
+        from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
+
+        args = MAGRPOConfig(num_turns=2, num_generations=2, train_batch_size=2, rollout_buffer_size=2, **sampling)
+        return MAGRPOTrainer(args=args, external_transition=plain_transition, trainer_kwargs=tk, **common)
+    if name in ("iac", "maac"):  # separate critics (IAC) and one shared critic (MAAC), their own optimizers
+        from comlrl_lightning.trainers.actor_critic import IACTrainer, MAACTrainer
+
+        config, trainer = (IACConfig, IACTrainer) if name == "iac" else (MAACConfig, MAACTrainer)
+        args = config(num_generations=2, rollout_buffer_size=2, train_batch_size=2, critic_learning_rate=1e-2,
+                      **sampling)
+        return trainer(args=args, trainer_kwargs=tk, **common)
+    if name == "madpo":  # gradient clipping and accumulation over 2 batches
+        from comlrl_lightning.trainers.preference import MADPOTrainer
+
+        args = MADPOConfig(preference_num_candidates=4, preference_pairs_per_sample=2, train_batch_size=1,
+                           gradient_clip_val=0.05, gradient_accumulation_steps=2,
+                           **{**sampling, "max_new_tokens": 6})
+        return MADPOTrainer(args=args, trainer_kwargs=tk, **common)
+    raise ValueError(f"unknown fit {name!r}")
+
+
+def whole(params) -> torch.Tensor:
+    return torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().double().reshape(-1)
+                      for p in params])
+
+
+def trained(tr) -> list[list[torch.Tensor]]:
+    """Every trained member's parameters: the agents, then critics and value heads."""
+    m = tr.module
+    members = [list(tr.team.parameters_of(i)) for i in range(2)]
+    return members + [list(c.parameters()) for c in [*getattr(m, "critics", []), *getattr(m, "value_heads", [])]]
+
+
+record, rank = {}, 0
+for name in names:
+    for run in ("ddp", "fsdp2"):
+        torch.manual_seed(0)  # the critics' value heads are initialized from the global generator
+        tr = build(name, "ddp" if run == "ddp" else ModelParallelStrategy())
+        initial = [whole(ps) for ps in trained(tr)]
+        tr.train()
+        rank, members = tr.trainer.global_rank, trained(tr)
+        record[f"{name}/{run}"] = {
+            "initial": initial, "weights": [whole(ps) for ps in members], "local": [local_numel(ps) for ps in members],
+            "numel": [sum(p.numel() for p in ps) for ps in members], "global_step": tr.trainer.global_step,
+            "world": tr.trainer.world_size, "param_type": type(members[0][0]).__name__}
+torch.save(record, os.path.join(out_dir, f"rank{rank}.pt"))
