@@ -128,6 +128,24 @@ class TeamModuleBase(L.LightningModule):
 
     The constructor arguments every team module takes:
         agent_model: one hub id / local path / ``embedded:tiny`` for homogeneous agents.
+def warn_unresumable_position(checkpoint: dict, path: Any = None) -> None:
+    """Warn when ``checkpoint`` was taken inside an epoch but holds no position of the train loader (written before
+    the loaders were resumable, or by a data module whose loader is not): the resumed epoch would start again from
+    its first batch, and the run would not continue as the uninterrupted one (docs/guide.md, "Resume")."""
+    fit = (checkpoint.get("loops") or {}).get("fit_loop") or {}
+    batches = (fit.get("epoch_loop.batch_progress") or {}).get("current") or {}
+    epoch = (fit.get("epoch_progress") or {}).get("current") or {}
+    inside = (batches.get("ready", 0) > 0 and not fit.get("epoch_loop.batch_progress", {}).get("is_last_batch")
+              and epoch.get("started") != epoch.get("processed"))
+    if inside and not (fit.get("state_dict") or {}).get("combined_loader"):
+        warnings.warn(
+            f"Checkpoint {path or '(given)'} was taken {batches.get('ready')} batches into an epoch, but it holds no "
+            "position of the train dataloader: the resumed epoch starts again from its first batch, so the run will "
+            "not continue as the uninterrupted one. Resume from an end-of-epoch checkpoint (ModelCheckpoint("
+            "every_n_epochs=1, save_on_train_epoch_end=True)), or from a mid-epoch checkpoint written by this "
+            "version with the package's data modules.", stacklevel=2)
+
+
         agents: a list of ids, paths or model objects (overrides ``agent_model``).
         tokenizer: one tokenizer or one per agent (required with model objects).
         model_config: load kwargs (``dtype``, ``attn_implementation``, ``model_kwargs``, ``special_tokens``).
@@ -522,9 +540,14 @@ class TeamModuleBase(L.LightningModule):
 
     def progress_state(self) -> dict[str, Any]:
         """Counters saved in the checkpoint (plain types only)."""
-        return {"env_step": self.env_step, "updates_seen": self.updates_seen}
+        gates = {name: getattr(self, name) for name in self.LOGGING_GATES if hasattr(self, name)}
+        return {"env_step": self.env_step, "updates_seen": self.updates_seen, "logging_gates": gates}
 
     def load_progress_state(self, state: dict[str, Any]) -> None:
+    #: Attributes holding a ``logging_steps`` gate (the progress of the last log, or None), saved with the counters so
+    #: that a run resumed mid-epoch logs at the steps the uninterrupted run logs at.
+    LOGGING_GATES = ("_last_logged_step", "_last_logged_progress", "_last_logged_env_step")
+
         self.env_step = int(state.get("env_step", 0))
         self.updates_seen = int(state.get("updates_seen", 0))
 
@@ -532,6 +555,9 @@ class TeamModuleBase(L.LightningModule):
         """What differs between the ranks of a multi-process run (the rollout streams, for instance; plain types).
         Saved per rank: :meth:`on_save_checkpoint` gathers it from every rank (docs/scaling.md)."""
         return {}
+        for name, value in state.get("logging_gates", {}).items():
+            if name in self.LOGGING_GATES:
+                setattr(self, name, None if value is None else int(value))
 
     def load_rank_state(self, state: dict[str, Any]) -> None:
         """Restore this rank's entry of :meth:`rank_state` (applied after :meth:`load_progress_state`)."""
@@ -599,6 +625,7 @@ class TeamModuleBase(L.LightningModule):
             self.team.engine.sync(None)
         rank, world_size = world(self._trainer) if self._trainer is not None else (0, 1)
         states = checkpoint.get("comlrl_rank_states")
+        warn_unresumable_position(checkpoint, getattr(self._trainer, "ckpt_path", None) if self._trainer else None)
         if states is None and world_size == 1:  # a checkpoint of a single process from before per-rank states
             return
         if states is not None or self.rank_state():

@@ -10,9 +10,12 @@ from conftest import cpu_trainer_kwargs
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 
+from comlrl_lightning.config import IACConfig, MAACConfig, MADPOConfig
 from comlrl_lightning.config_rl import MAGRPOConfig
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.multiturn.transitions import plain_transition
+from comlrl_lightning.trainers.actor_critic import IACTrainer, MAACTrainer
+from comlrl_lightning.trainers.preference import MADPOTrainer
 from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 
 ITEMS = [{"prompt": f"Topic: {t}."} for t in ("rivers", "bread", "trains", "music", "owls", "maps")]
@@ -37,7 +40,7 @@ class Recorder(Logger):
 
 
 def _magrpo(model_dir, turns=1):
-    args = MAGRPOConfig(num_generations=2, rollout_buffer_size=2, num_turns=turns, logging_steps=2, **COMMON)
+    args = MAGRPOConfig(num_generations=2, rollout_buffer_size=2, num_turns=turns, logging_steps=3, **COMMON)
     return dict(cls=MAGRPOTrainer, args=args, shuffle=True,
                 extra={"external_transition": plain_transition} if turns > 1 else {})
 
@@ -45,12 +48,20 @@ def _magrpo(model_dir, turns=1):
 FAMILIES = {
     "magrpo-1turn": lambda: _magrpo(None, 1),
     "magrpo-2turn": lambda: _magrpo(None, 2),
+    "iac": lambda: dict(cls=IACTrainer, args=IACConfig(rollout_buffer_size=2, critic_learning_rate=1e-2, logging_steps=3, **{
+        k: v for k, v in COMMON.items() if k != "top_k"}), shuffle=True, extra={}),
+    "maac": lambda: dict(cls=MAACTrainer, args=MAACConfig(rollout_buffer_size=2, critic_learning_rate=1e-2, logging_steps=3, **{
+        k: v for k, v in COMMON.items() if k != "top_k"}), shuffle=True, extra={}),
+    "madpo": lambda: dict(cls=MADPOTrainer, args=MADPOConfig(
+        preference_num_candidates=3, preference_pairs_per_sample=2, train_batch_size=2, logging_steps=6, **{
+            **COMMON, "max_new_tokens": 6}), shuffle=False, extra={}),
 }
 
 
 def build(family: str, model_dir: str, **trainer_kwargs):
     spec = FAMILIES[family]()
     logger = Recorder()
+    torch.manual_seed(0)  # the critics' value heads are initialised from the global generator
     t = spec["cls"](agent_model=model_dir, train_dataset=ITEMS, reward_func=cooperative_reward, formatters=FORMATTERS,
                     args=spec["args"], trainer_kwargs=cpu_trainer_kwargs(logger=logger, **trainer_kwargs),
                     **spec["extra"])
