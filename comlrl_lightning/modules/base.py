@@ -123,11 +123,6 @@ def verify_checkpoint(module: L.LightningModule, checkpoint: dict) -> None:
             "another checkpoint.")
 
 
-class TeamModuleBase(L.LightningModule):
-    """Base of the team modules; subclasses set ``self.args`` then call :meth:`init_team` in ``__init__``.
-
-    The constructor arguments every team module takes:
-        agent_model: one hub id / local path / ``embedded:tiny`` for homogeneous agents.
 def warn_unresumable_position(checkpoint: dict, path: Any = None) -> None:
     """Warn when ``checkpoint`` was taken inside an epoch but holds no position of the train loader (written before
     the loaders were resumable, or by a data module whose loader is not): the resumed epoch would start again from
@@ -146,6 +141,11 @@ def warn_unresumable_position(checkpoint: dict, path: Any = None) -> None:
             "version with the package's data modules.", stacklevel=2)
 
 
+class TeamModuleBase(L.LightningModule):
+    """Base of the team modules; subclasses set ``self.args`` then call :meth:`init_team` in ``__init__``.
+
+    The constructor arguments every team module takes:
+        agent_model: one hub id / local path / ``embedded:tiny`` for homogeneous agents.
         agents: a list of ids, paths or model objects (overrides ``agent_model``).
         tokenizer: one tokenizer or one per agent (required with model objects).
         model_config: load kwargs (``dtype``, ``attn_implementation``, ``model_kwargs``, ``special_tokens``).
@@ -538,26 +538,26 @@ def warn_unresumable_position(checkpoint: dict, path: Any = None) -> None:
         """By how much one training batch advances ``updates_seen`` (1; the RL trainers: one per task item)."""
         return 1
 
+    #: Attributes holding a ``logging_steps`` gate (the progress of the last log, or None), saved with the counters so
+    #: that a run resumed mid-epoch logs at the steps the uninterrupted run logs at.
+    LOGGING_GATES = ("_last_logged_step", "_last_logged_progress", "_last_logged_env_step")
+
     def progress_state(self) -> dict[str, Any]:
         """Counters saved in the checkpoint (plain types only)."""
         gates = {name: getattr(self, name) for name in self.LOGGING_GATES if hasattr(self, name)}
         return {"env_step": self.env_step, "updates_seen": self.updates_seen, "logging_gates": gates}
 
     def load_progress_state(self, state: dict[str, Any]) -> None:
-    #: Attributes holding a ``logging_steps`` gate (the progress of the last log, or None), saved with the counters so
-    #: that a run resumed mid-epoch logs at the steps the uninterrupted run logs at.
-    LOGGING_GATES = ("_last_logged_step", "_last_logged_progress", "_last_logged_env_step")
-
         self.env_step = int(state.get("env_step", 0))
         self.updates_seen = int(state.get("updates_seen", 0))
+        for name, value in state.get("logging_gates", {}).items():
+            if name in self.LOGGING_GATES:
+                setattr(self, name, None if value is None else int(value))
 
     def rank_state(self) -> dict[str, Any]:
         """What differs between the ranks of a multi-process run (the rollout streams, for instance; plain types).
         Saved per rank: :meth:`on_save_checkpoint` gathers it from every rank (docs/scaling.md)."""
         return {}
-        for name, value in state.get("logging_gates", {}).items():
-            if name in self.LOGGING_GATES:
-                setattr(self, name, None if value is None else int(value))
 
     def load_rank_state(self, state: dict[str, Any]) -> None:
         """Restore this rank's entry of :meth:`rank_state` (applied after :meth:`load_progress_state`)."""
@@ -620,12 +620,12 @@ def warn_unresumable_position(checkpoint: dict, path: Any = None) -> None:
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.check_team_identity(checkpoint)
         verify_checkpoint(self, checkpoint)
+        warn_unresumable_position(checkpoint, getattr(self._trainer, "ckpt_path", None) if self._trainer else None)
         self.load_progress_state(checkpoint.get("comlrl_progress", {}))
         if self.team.engine is not None:  # the restored weights replace the ones the engine holds
             self.team.engine.sync(None)
         rank, world_size = world(self._trainer) if self._trainer is not None else (0, 1)
         states = checkpoint.get("comlrl_rank_states")
-        warn_unresumable_position(checkpoint, getattr(self._trainer, "ckpt_path", None) if self._trainer else None)
         if states is None and world_size == 1:  # a checkpoint of a single process from before per-rank states
             return
         if states is not None or self.rank_state():
