@@ -1,4 +1,4 @@
-"""The same training job in CoMLRL 1.4.3 and here: MADPO and 2-turn MAGRPO, wall and CPU time, ratio CoMLRL/ours.
+"""The same training job in CoMLRL 1.4.3 and here: MADPO, 1- and 2-turn MAGRPO, wall and CPU time, ratio CoMLRL/ours.
 
 Needs ``comlrl==1.4.3``: the ``bench`` extra, in a separate environment (``bash benchmarks/make_bench_env.sh``
 builds ``.venv-bench``; benchmarks/README.md). Without it the script says how to install it and exits with status 2.
@@ -6,6 +6,7 @@ builds ``.venv-bench``; benchmarks/README.md). Without it the script says how to
     python benchmarks/vs_comlrl.py                    # both jobs, 2 repetitions each, libraries alternating
     python benchmarks/vs_comlrl.py --jobs madpo --repeats 3
     python benchmarks/vs_comlrl.py --learning         # also the task-reward gain of each library's trained team
+    python benchmarks/vs_comlrl.py --jobs magrpo1 --learning --repeats 1 --seeds 0 1 2 3   # learning over seeds
     python benchmarks/vs_comlrl.py --model 30m --jobs magrpo2 --repeats 1   # a 31.8 M model instead of the tiny one
     python benchmarks/vs_comlrl.py --comlrl-threads 1 --agent-overlap off   # both on one thread (CPU-time verdict)
 
@@ -16,6 +17,7 @@ reward function (``comlrl_lightning.envs.cooperative``):
 
   madpo   offline MADPO on 20 items: 16 joint candidates per item from the initial policy, the 8 largest-gap
           pairs per item (``reward_gap``), then 5 DPO epochs over the 160 pairs in batches of 16.
+  magrpo1 1-turn MAGRPO on 20 items: 2 agents, G = 8, aligned, one AdamW step per item and agent, 1 epoch.
   magrpo2 2-turn MAGRPO on 8 items: 2 agents, G = 4, aligned joint actions, ``plain_transition`` (ours; CoMLRL
           gets the same callable), early termination off, ``rollout_buffer_size=1`` (an AdamW step per node
           sample: 5 nodes x 2 agents per item), 1 epoch.
@@ -82,8 +84,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 COMLRL_VERSION = "1.4.3"
-TARGETS = {("madpo", "tiny"): 3.0, ("madpo", "30m"): 3.0, ("magrpo2", "tiny"): 3.0, ("magrpo2", "30m"): 2.5}
-JOBS = ("madpo", "magrpo2")
+TARGETS = {("madpo", "tiny"): 3.0, ("madpo", "30m"): 3.0, ("magrpo2", "tiny"): 3.0, ("magrpo2", "30m"): 2.5,
+           ("magrpo1", "tiny"): 1.0, ("magrpo1", "30m"): 1.0}
+JOBS = ("madpo", "magrpo2", "magrpo1")
+#: --learning over --seeds: ours must gain at least CoMLRL's mean gain minus this (issue #31 item 9)
+LEARNING_SLACK = 0.01
 BEST = {  # each library's best settings on the model (module docstring)
     "30m": {"comlrl_threads": os.cpu_count() or 1, "agent_overlap": "on"},
     "tiny": {"comlrl_threads": 1, "agent_overlap": "off"},
@@ -100,7 +105,8 @@ MISSING = (f"benchmarks/vs_comlrl.py needs comlrl=={COMLRL_VERSION}, which is no
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--jobs", nargs="+", default=list(JOBS), choices=JOBS, help="jobs to run (default: both)")
+    p.add_argument("--jobs", nargs="+", default=list(JOBS[:2]), choices=JOBS,
+                   help="jobs to run (default: madpo magrpo2)")
     p.add_argument("--repeats", type=int, default=2, help="timed runs per job and library, alternating (default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads of ours (default 1)")
     p.add_argument("--comlrl-threads", type=int, default=None,
@@ -108,6 +114,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--agent-overlap", choices=("on", "off", "auto"), default=None,
                    help="ours: agent_overlap (default: 30m on, a worker thread per agent; tiny off)")
     p.add_argument("--seed", type=int, default=0, help="seed of every run (default 0)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="run every job once per seed (overrides --seed); with --learning prints the gains per seed, "
+                        "their means, and judges ours >= CoMLRL - 0.01 on the mean")
     p.add_argument("--rollout-buffer-size", type=int, default=None,
                    help="magrpo2 on both sides with this rollout_buffer_size (= train_batch_size); default the "
                         "recipe's 1")
@@ -118,6 +127,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also evaluate each library's trained team on the held-out items (untimed)")
     p.add_argument("--strict", action="store_true", help="exit with status 1 when a ratio misses the target")
     args = p.parse_args(argv)
+    args.seeds = args.seeds or [args.seed]
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.rollout_buffer_size is not None and args.rollout_buffer_size < 1:
@@ -216,9 +226,10 @@ def timed(fn) -> tuple[float, float, dict[str, int]]:
 def ours_trainer(job: str, model_dir: str, seed: int, root: str, overrides: dict | None = None):
     """Our trainer of the job: the recipe of benchmarks/recipes.py (MADPO; 2-turn MAGRPO), with ``overrides``
     of its config options."""
-    from recipes import madpo, magrpo_2turn
+    from recipes import madpo, magrpo, magrpo_2turn
 
-    return (madpo if job == "madpo" else magrpo_2turn)(model_dir, seed, root, **(overrides or {}))
+    return {"madpo": madpo, "magrpo1": magrpo, "magrpo2": magrpo_2turn}[job](model_dir, seed, root,
+                                                                               **(overrides or {}))
 
 
 def comlrl_trainer(job: str, ours, model_dir: str):
@@ -236,7 +247,7 @@ def comlrl_trainer(job: str, ours, model_dir: str):
         shared["top_k"] = 0
     kw = dict(agent_model=model_dir, num_agents=ours.args.num_agents, train_dataset=list(ours.datamodule.train_items),
               reward_func=cooperative_reward, formatters=FORMATTERS, args=config_cls(**shared))
-    if job == "magrpo2":
+    if ours.args.num_turns > 1:
         kw["external_transition"] = plain_transition
     tr = trainer_cls(**kw)
     tr.verbose = False  # no tqdm bars (ours runs with enable_progress_bar=False)
@@ -255,7 +266,20 @@ def _seed_all(seed: int) -> None:
 
 
 def run_job(job: str, model_dir: str, args, tmp: str) -> dict:
-    """Alternate ``--repeats`` timed runs of ours and CoMLRL's; returns the runs and the learning results."""
+    """Alternate ``--repeats`` timed runs of ours and CoMLRL's; returns the runs and the learning results.
+    With several ``--seeds``, the runs of every seed and the learning results per seed."""
+    out = {"runs": {"comlrl": [], "ours": []}, "learning": {}}
+    for seed in args.seeds:
+        res = run_seed(job, model_dir, args, tmp, seed)
+        for lib in out["runs"]:
+            out["runs"][lib] += res["runs"][lib]
+        if res["learning"]:
+            out["learning"][seed] = res["learning"]
+    return out
+
+
+def run_seed(job: str, model_dir: str, args, tmp: str, seed: int) -> dict:
+    """The runs of one seed."""
     import torch
     from recipes import evaluate
 
@@ -266,7 +290,7 @@ def run_job(job: str, model_dir: str, args, tmp: str) -> dict:
     learn = {}
     for rep in range(args.repeats):
         for lib in ("ours", "comlrl"):
-            ours = ours_trainer(job, model_dir, args.seed, str(Path(tmp) / f"{job}_{lib}_{rep}"), overrides)
+            ours = ours_trainer(job, model_dir, seed, str(Path(tmp) / f"{job}_{lib}_{seed}_{rep}"), overrides)
             evaluate_now = args.learning and rep == 0
             torch.set_num_threads(args.threads if lib == "ours" else args.comlrl_threads)
             load = os.getloadavg()[0]
@@ -276,7 +300,7 @@ def run_job(job: str, model_dir: str, args, tmp: str) -> dict:
                 wall, cpu, counts = timed(ours.train)
             else:
                 theirs = comlrl_trainer(job, ours, model_dir)
-                _seed_all(args.seed)
+                _seed_all(seed)
                 wall, cpu, counts = timed(theirs.train)
                 if evaluate_now:  # CoMLRL's trained weights into our (untrained) team, for the same evaluation
                     for mine, trained in zip(ours.team.models, theirs.agents):
@@ -286,8 +310,8 @@ def run_job(job: str, model_dir: str, args, tmp: str) -> dict:
                 learn[lib] = evaluate(ours)
             counts["threads"] = torch.get_num_threads()
             runs[lib].append((wall, cpu, counts))
-            print(f"{job:8s} {lib:7s} run {rep + 1}: wall {wall:7.2f} s  cpu {cpu:7.2f} s  load before {load:.2f}  "
-                  f"{counts}", flush=True)
+            print(f"{job:8s} {lib:7s} seed {seed} run {rep + 1}: wall {wall:7.2f} s  cpu {cpu:7.2f} s  load before "
+                  f"{load:.2f}  {counts}", flush=True)
     return {"runs": runs, "learning": learn}
 
 
@@ -302,7 +326,8 @@ def report(results: dict[str, dict], args, version: str, uptime: str) -> bool:
 
     print(f"\nCoMLRL {version} vs comlrl-lightning, the same jobs (benchmarks/recipes.py), torch {torch.__version__}, "
           f"model {args.model}, threads: CoMLRL {args.comlrl_threads}, ours {args.threads} with agent_overlap="
-          f"{args.agent_overlap}; {args.repeats} run(s) per library, seed {args.seed}; load before: {uptime}")
+          f"{args.agent_overlap}; {args.repeats} run(s) per library and seed, seeds {args.seeds}; load before: "
+          f"{uptime}")
     head = (f"{'job':9s}{'library':9s}{'wall s':>8s}{'cpu s':>8s}{'gen calls':>10s}{'samples':>8s}"
             f"{'fwd calls':>10s}{'fwd rows':>9s}{'fwd tok':>9s}{'opt steps':>10s}{'gen s':>8s}")
     print(head)
@@ -325,11 +350,25 @@ def report(results: dict[str, dict], args, version: str, uptime: str) -> bool:
         print(f"{job:9s}CoMLRL/ours: wall {r_wall:.2f}x, cpu {r_cpu:.2f}x  target >= {target:g}x on {on} time  "
               f"{'PASS' if passed else 'FAIL'}")
         if res["learning"]:
-            ln = res["learning"]
-            print(f"{job:9s}task reward on the held-out items: before {ln['before']:.3f}; after ours "
-                  f"{ln['ours']:.3f} (gain {ln['ours'] - ln['before']:+.3f}), after CoMLRL {ln['comlrl']:.3f} "
-                  f"(gain {ln['comlrl'] - ln['before']:+.3f})")
+            ok &= learning_lines(job, res["learning"])
     return ok
+
+
+def learning_lines(job: str, by_seed: dict[int, dict]) -> bool:
+    """Print the task-reward gains per seed and their means; True when ours >= CoMLRL - LEARNING_SLACK on the mean
+    (judged only with more than one seed)."""
+    gains = {lib: [ln[lib] - ln["before"] for ln in by_seed.values()] for lib in ("ours", "comlrl")}
+    for seed, ln in by_seed.items():
+        print(f"{job:9s}seed {seed}: task reward on the held-out items before {ln['before']:.3f}; after ours "
+              f"{ln['ours']:.3f} (gain {ln['ours'] - ln['before']:+.3f}), after CoMLRL {ln['comlrl']:.3f} "
+              f"(gain {ln['comlrl'] - ln['before']:+.3f})")
+    mean = {lib: statistics.mean(g) for lib, g in gains.items()}
+    if len(by_seed) < 2:
+        return True
+    passed = mean["ours"] >= mean["comlrl"] - LEARNING_SLACK
+    print(f"{job:9s}mean gain over {len(by_seed)} seeds: ours {mean['ours']:+.3f}, CoMLRL {mean['comlrl']:+.3f}  "
+          f"target ours >= CoMLRL - {LEARNING_SLACK}  {'PASS' if passed else 'FAIL'}")
+    return passed
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,9 @@ def test_arguments(bench):
                              "--model", "30m"])
     assert (args.jobs, args.repeats, args.rollout_buffer_size, args.learning, args.model) == (
         ["magrpo2"], 3, 10, True, "30m")
+    args = bench.parse_args(["--jobs", "magrpo1", "--seeds", "0", "1", "2", "3", "--learning"])
+    assert (args.jobs, args.seeds) == (["magrpo1"], [0, 1, 2, 3])
+    assert bench.parse_args(["--seed", "5"]).seeds == [5]
     for bad in (["--repeats", "0"], ["--jobs", "marlhf"], ["--rollout-buffer-size", "0"], ["--model", "7b"],
                 ["--threads", "0"], ["--comlrl-threads", "0"], ["--agent-overlap", "maybe"]):
         with pytest.raises(SystemExit):
@@ -77,3 +80,17 @@ def test_counters_see_generate_scoring_forwards_and_optimizer_steps(bench, tiny_
     assert (GenerationMixin.generate, Qwen2ForCausalLM.forward) == originals  # patches removed
     opt.step()
     assert bench.timed(lambda: None)[2]["opt_steps"] == 0  # the step hook is gone too
+
+
+def test_learning_over_seeds_is_judged_on_the_mean_gain(bench, capsys):
+    def seed(before, ours, comlrl):
+        return {"before": before, "ours": ours, "comlrl": comlrl}
+
+    close = {0: seed(0.5, 1.0, 1.02), 1: seed(0.5, 0.98, 0.97)}  # means +0.490 vs +0.495: within 0.01
+    assert bench.learning_lines("magrpo1", close)
+    out = capsys.readouterr().out
+    assert "seed 1:" in out and "mean gain over 2 seeds: ours +0.490, CoMLRL +0.495" in out and "PASS" in out
+    behind = {0: seed(0.5, 0.9, 1.0), 1: seed(0.5, 1.0, 1.0)}  # +0.450 vs +0.500
+    assert not bench.learning_lines("magrpo1", behind)
+    assert "FAIL" in capsys.readouterr().out
+    assert bench.learning_lines("magrpo1", {0: seed(0.5, 0.6, 1.0)})  # one seed: printed, not judged
