@@ -32,6 +32,7 @@ CLI_MODULES = (
     "comlrl_lightning.modules.marlhf", "comlrl_lightning.modules.reward_model",
     "comlrl_lightning.data.preference", "comlrl_lightning.data.iterative", "comlrl_lightning.data.marlhf",
     "comlrl_lightning.data.tasks_dm", "comlrl_lightning.data.reward_pairs", "comlrl_lightning.callbacks",
+    "comlrl_lightning.modules.centralized_magrpo", "comlrl_lightning.data.centralized",
 )
 
 _SUBCOMMANDS = {

@@ -91,3 +91,54 @@ class CentralizedEvalLogger:
                 for r, output in enumerate(self.reward.split(text, item)):
                     per_role[r][k].append(output)
         return self.eval_logger(agent_completions_turns=per_role, batch_items=batch_items, prompts=prompts)
+
+
+class SeparatorCentralizedAdapter:
+    """A plain-text joint format: the roles' outputs one after the other, cut at ``separator``.
+
+    The joint prompt lists the roles' prompts and asks for the outputs in role order separated by ``separator``;
+    a completion is cut at its first R-1 separators (missing roles are empty, extra separators stay in the last
+    role's output). Unlike the tagged format, any text parses, so a small model gets a reward signal from the
+    first sample (the embedded tiny model: configs/magrpo/centralized_tiny.yaml).
+    """
+
+    def __init__(self, separator: str = "\n"):
+        if not isinstance(separator, str) or not separator:
+            raise ValueError(f"separator must be a non-empty string. Got {separator!r}.")
+        self.separator = separator
+
+    def build_prompt(self, item: Any, prompts: Sequence[str]) -> str:
+        """Every role's prompt, numbered from 0, then the instruction."""
+        parts = [f"Role {i}: {p}" for i, p in enumerate(prompts)]
+        return "\n".join([*parts, f"Write the {len(prompts)} outputs in role order, separated by "
+                           f"{self.separator!r}:\n"])
+
+    def parse_completion(self, text: str, item: Any, num_agents: int) -> list[str]:
+        """``num_agents`` outputs (see the class docstring)."""
+        parts = text.split(self.separator, num_agents - 1)
+        return [p.strip() for p in parts] + [""] * (num_agents - len(parts))
+
+
+def resolve_adapter(adapter: Any) -> Any:
+    """``centralized_adapter``: None = CoMLRL's tagged ``<agent_i>`` format; an object with ``build_prompt`` and
+    ``parse_completion``; a dotted import path to such an object or to a class (instantiated without
+    arguments); or, from YAML, ``{class_path: ..., init_args: {...}}``."""
+    from comlrl_lightning.comparators.centralized import TaggedCentralizedComparatorAdapter
+    from comlrl_lightning.data.tasks import resolve_callable
+
+    if adapter is None:
+        return TaggedCentralizedComparatorAdapter()
+    init_args: dict = {}
+    if isinstance(adapter, dict) and "class_path" in adapter:
+        adapter, init_args = adapter["class_path"], dict(adapter.get("init_args") or {})
+    if isinstance(adapter, str):
+        adapter = resolve_callable(adapter, "centralized_adapter")
+        if isinstance(adapter, type):
+            adapter = adapter(**init_args)
+    for name in ("build_prompt", "parse_completion"):
+        if not callable(getattr(adapter, name, None)):
+            raise TypeError(f"centralized_adapter.{name} must be callable; got {type(adapter).__name__}, which has "
+                            "none. Give an object with build_prompt(item, prompts) and parse_completion(text, item, "
+                            "num_agents), e.g. comlrl_lightning.comparators.centralized."
+                            "TaggedCentralizedComparatorAdapter.")
+    return adapter

@@ -11,6 +11,8 @@ from typing import Any
 
 _LAZY = {
     "ActorCriticTrainerBase": "comlrl_lightning.trainers.actor_critic",
+    "CentralizedMAGRPOConfig": "comlrl_lightning.config_rl",
+    "CentralizedMAGRPOTrainer": "comlrl_lightning.trainers.reinforce",
     "IACConfig": "comlrl_lightning.config",
     "IACTrainer": "comlrl_lightning.trainers.actor_critic",
     "MAACConfig": "comlrl_lightning.config",
