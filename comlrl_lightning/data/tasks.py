@@ -176,8 +176,13 @@ def is_library_formatter(formatter: Callable) -> bool:
 
 
 def is_embedded_tiny(tokenizer: Any) -> bool:
-    """A tokenizer of a model built by :mod:`comlrl_lightning.tiny` (random weights; its folder holds
-    ``comlrl_tiny.json``)."""
+    """A tokenizer of a model built by :mod:`comlrl_lightning.tiny` (random weights), or of agents trained from one
+    and exported: it carries the embedded ChatML template (``tiny.CHATML_TEMPLATE``, which survives
+    ``save_pretrained``), or its folder holds ``comlrl_tiny.json``."""
+    from comlrl_lightning.tiny import CHATML_TEMPLATE
+
+    if getattr(tokenizer, "chat_template", None) == CHATML_TEMPLATE:
+        return True
     folder = getattr(tokenizer, "name_or_path", None)
     return bool(folder) and (Path(folder) / "comlrl_tiny.json").is_file()
 

@@ -34,10 +34,16 @@ def user_formatter(item: dict) -> str:
 
 @pytest.fixture(scope="module")
 def chat_model_dir(tiny_model_dir, tmp_path_factory) -> str:
-    """The tiny model copied without its ``comlrl_tiny.json`` marker: a user's model with a (ChatML) template."""
+    """The tiny model copied without its ``comlrl_tiny.json`` marker and with a template of its own (the embedded
+    ChatML behind a Jinja comment: same prompts, another template): a user's model with a chat template."""
+    from comlrl_lightning.tiny import CHATML_TEMPLATE
+
     folder = tmp_path_factory.mktemp("chat") / "model"
     shutil.copytree(tiny_model_dir, folder)
     (folder / "comlrl_tiny.json").unlink()
+    tok = load_tokenizer(str(folder))
+    tok.chat_template = "{# a user's model #}" + CHATML_TEMPLATE
+    tok.save_pretrained(folder)
     return str(folder)
 
 
@@ -49,9 +55,11 @@ def toks(tiny_model_dir, chat_model_dir):
     return tiny, chat, plain
 
 
-def test_only_the_tiny_tokenizer_is_the_embedded_one(toks):
+def test_only_the_tiny_tokenizer_is_the_embedded_one(toks, tmp_path):
     tiny, chat, plain = toks
     assert is_embedded_tiny(tiny) and not is_embedded_tiny(chat) and not is_embedded_tiny(plain)
+    tiny.save_pretrained(tmp_path / "exported")  # agents trained from the tiny model and exported: still tiny
+    assert is_embedded_tiny(load_tokenizer(str(tmp_path / "exported")))
 
 
 def test_default_wraps_the_librarys_formatters_on_a_model_with_a_template(toks):
