@@ -11,6 +11,9 @@ When the config leaves ``trainer.max_epochs`` unset, it is derived from the modu
 team on the data module's eval_dataset with the task reward (``val/reward_mean``). ``report`` writes PNG plots of
 a run's logged metrics (:mod:`comlrl_lightning.report`).
 
+A ``fit`` stopped by SIGTERM exits with status 143 and a ``fit`` that took no optimizer step with status 3, both
+after a one-paragraph summary on stderr: what was saved, where, and the command that resumes (or re-runs) it.
+
 Discoverability: our modules, data modules and callbacks are imported before the parser is built, so
 ``fit --help`` lists them and ``--model.help MADPOModule`` takes the short name; option help shows the
 docstring line of every config field. A config value error (a ``ValueError`` raised by our code while the CLI
@@ -113,6 +116,50 @@ def unknown_option(message: str) -> str | None:
     return f"{name} has no option {option!r}.{did_you_mean(option, [p.name for p in params])}"
 
 
+#: exit status of ``fit`` stopped by SIGTERM (128 + 15, as a shell reports a process killed by it)
+EXIT_SIGTERM = 143
+#: exit status of a ``fit`` that finished without one optimizer step
+EXIT_TRAINED_NOTHING = 3
+
+
+def run_summary(trainer, headline: str) -> str:
+    """One paragraph: ``headline``, what the run saved and where, and how to resume or re-run it."""
+    from pathlib import Path
+
+    run = Path(trainer.log_dir) if trainer.log_dir else None
+    ckpts = []
+    for cb in trainer.checkpoint_callbacks:
+        ckpts += [p for p in (cb.last_model_path, cb.best_model_path) if p and Path(p).exists()]
+        if cb.dirpath and Path(cb.dirpath).is_dir():
+            ckpts += sorted(str(p) for p in Path(cb.dirpath).glob("*.ckpt"))
+    ckpts = sorted(set(ckpts), key=lambda p: Path(p).stat().st_mtime)
+    saved = []
+    if run is not None and (run / "metrics.csv").exists():
+        saved.append(f"the metrics ({run / 'metrics.csv'})")
+    if run is not None and (run / "config.yaml").exists():
+        saved.append(f"the config ({run / 'config.yaml'})")
+    if ckpts:
+        saved.append(f"{len(ckpts)} checkpoint(s), the newest {ckpts[-1]}")
+    agents = run / "agents" if run is not None else None
+    if agents is not None and agents.is_dir():
+        saved.append(f"the exported agents ({agents})")
+    text = headline + " Saved: " + ("; ".join(saved) if saved else "nothing") + "."
+    config = f"{run / 'config.yaml'}" if run is not None and (run / "config.yaml").exists() else "<your config>"
+    if ckpts:
+        text += f" Resume: comlrl-lightning fit --config {config} --ckpt_path {ckpts[-1]}"
+    else:
+        text += (" No checkpoint was written (trainer.enable_checkpointing is off or no epoch ended), so a resume "
+                 f"starts over: comlrl-lightning fit --config {config}")
+    return text
+
+
+def stop_run(trainer, status: int, headline: str) -> None:
+    """Print :func:`run_summary` (rank 0) and exit with ``status``."""
+    if trainer.is_global_zero:
+        sys.stderr.write(f"\n{run_summary(trainer, headline)}\n")
+    raise SystemExit(status)
+
+
 def _make_cli_class(want_help: bool = False):
     import lightning as L
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
@@ -200,6 +247,21 @@ def _make_cli_class(want_help: bool = False):
             result = evaluations[0].before_after if evaluations else None
             if result is not None and self.trainer.is_global_zero:
                 print(f"task reward (eval/reward_mean): before {result[0]:.4f} -> after {result[1]:.4f}")
+            if self.trainer.global_step == 0:  # a run that looks successful but changed no weight
+                stop_run(self.trainer, EXIT_TRAINED_NOTHING, "Training took no optimizer step: the weights are "
+                         "unchanged (e.g. the reward gave no preference, so no pair was formed; or "
+                         "limit_train_batches/max_steps is 0).")
+
+        def _run_subcommand(self, subcommand: str) -> None:
+            from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+            try:
+                super()._run_subcommand(subcommand)
+            except SIGTERMException:
+                if subcommand != "fit":
+                    raise
+                stop_run(self.trainer, EXIT_SIGTERM, f"Training was stopped by SIGTERM after "
+                         f"{self.trainer.global_step} optimizer steps (epoch {self.trainer.current_epoch}).")
 
     ComlrlCLI.save_callback = RedactingSaveConfigCallback
     ComlrlCLI.parser_cls = ComlrlParser
