@@ -148,7 +148,21 @@ def shard_member(member: nn.Module, mesh: Any) -> nn.Module:
     if callable(getattr(member, "generate", None)):
         # an instance attribute: generation code calls ``model.generate`` unchanged
         object.__setattr__(member, "generate", functools.partial(_gathered_generate, member, member.generate))
+    if callable(getattr(member, "save_pretrained", None)):
+        object.__setattr__(member, "save_pretrained",
+                           functools.partial(_guarded_save_pretrained, member.save_pretrained))
     return member
+
+
+def _guarded_save_pretrained(save_pretrained: Any, *args: Any, **kwargs: Any) -> Any:
+    """A sharded model saves the whole state dict it is given (:func:`save_team`); without one, each rank holds
+    shards only, and gathering them needs every rank: refused rather than hang or write a partial model."""
+    if kwargs.get("state_dict") is None:
+        raise ValueError("This agent is sharded (ModelParallelStrategy, FSDP2): its weights are split across the "
+                         "ranks, so it cannot be saved from one rank. Call comlrl_lightning.sharding.save_team(module, "
+                         "output_dir) on every rank (it gathers each agent and rank 0 writes ordinary "
+                         "from_pretrained folders); see docs/scaling.md, \"FSDP2\".")
+    return save_pretrained(*args, **kwargs)
 
 
 def shard_team(module: Any) -> int:
@@ -201,3 +215,52 @@ def full_state_dict(member: nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(member, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def _plain_class_name(model: nn.Module) -> str:
+    """The class ``fully_shard`` derived ``type(model)`` from (``FSDPQwen2ForCausalLM`` -> ``Qwen2ForCausalLM``)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for cls in type(model).__mro__:
+        if cls is not FSDPModule and not issubclass(cls, FSDPModule):
+            return cls.__name__
+    return type(model).__name__
+
+
+def save_team(module: Any, output_dir: str) -> list[str]:
+    """Write ``output_dir/agent_{i}/`` per agent as ordinary ``from_pretrained`` folders (model + tokenizer), from
+    sharded agents: every rank must call it (each agent's whole state dict is gathered, a collective), rank 0
+    writes, then every rank waits at a barrier. Returns the folders on every rank. Without sharded agents it is
+    ``module.save_agents(output_dir)`` (rank 0 only writes under a process group)."""
+    import json
+    import os
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    team = module.team
+    group = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if group else 0
+    if not any(is_sharded(m) for m in team.unique_models()):
+        paths = module.save_agents(output_dir) if rank == 0 else []
+    else:
+        states = [full_state_dict(m) for m in team.unique_models()]  # the collectives, on every rank
+        paths = []
+        if rank == 0:
+            by_id = {id(m): s for m, s in zip(team.unique_models(), states)}
+            out = Path(output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            for i, (model, tok) in enumerate(zip(team.models, team.tokenizers)):
+                target = out / f"agent_{i}"
+                model.save_pretrained(str(target), state_dict=by_id[id(model)])
+                config = target / "config.json"
+                if config.is_file():  # save_pretrained names the sharded class (FSDPQwen2ForCausalLM)
+                    data = json.loads(config.read_text())
+                    data["architectures"] = [_plain_class_name(model)]
+                    config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+                tok.save_pretrained(str(target))
+                paths.append(str(target))
+    if group:
+        dist.barrier()
+        paths = [os.path.join(output_dir, f"agent_{i}") for i in range(team.num_agents)]
+    return paths

@@ -57,6 +57,50 @@ def test_fsdp2_equals_ddp_and_shards_half_for_every_family(tiny_model_dir, tmp_p
         _check(ranks, name)
 
 
+def _checkpoint_run(tiny_model_dir, tmp_path, mode, devices=2, ckpt=None):
+    argv = [sys.executable, str(TESTS / "fsdp_checkpoint_script.py"), str(tmp_path), tiny_model_dir, mode, str(devices)]
+    out = subprocess.run(argv + ([ckpt] if ckpt else []), capture_output=True, text=True, timeout=300, env=ENV,
+                         cwd=tmp_path)
+    error = tmp_path / f"{mode}_error.txt"
+    return out, (error.read_text() if error.exists() else None)
+
+
+@pytest.mark.slow
+def test_fsdp2_sharded_checkpoint_resume_world_size_and_export(tiny_model_dir, tmp_path):
+    """MAGRPO under FSDP2 writes distributed checkpoints (one shard file per rank); resuming the epoch-0 checkpoint
+    ends with the weights and global step of the uninterrupted 2-epoch run; resuming it on 1 process is refused,
+    naming both world sizes; save_team writes ordinary from_pretrained folders holding the trained weights."""
+    from transformers import AutoModelForCausalLM
+
+    out, error = _checkpoint_run(tiny_model_dir, tmp_path, "full")
+    assert out.returncode == 0 and error is None, (error, out.stderr[-3000:])
+    first = tmp_path / "ckpt" / "epoch=0.ckpt"
+    assert {"__0_0.distcp", "__1_0.distcp", "meta.pt"} <= {p.name for p in first.iterdir()}  # a shard per rank
+    out, error = _checkpoint_run(tiny_model_dir, tmp_path, "resume", ckpt=str(first))
+    assert out.returncode == 0 and error is None, (error, out.stderr[-3000:])
+    for r in (0, 1):
+        full, resumed = torch.load(tmp_path / f"full_rank{r}.pt"), torch.load(tmp_path / f"resume_rank{r}.pt")
+        assert resumed["global_step"] == full["global_step"] > 0 and resumed["world"] == 2
+        for a, b in zip(full["weights"], resumed["weights"]):
+            torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+
+    out, error = _checkpoint_run(tiny_model_dir, tmp_path, "resume", devices=1, ckpt=str(first))
+    assert out.returncode == 3 and error is not None, out.stderr[-3000:]
+    assert "world size 2" in error and "world size 1" in error and "relaunch with 2 processes" in error
+
+    out, error = _checkpoint_run(tiny_model_dir, tmp_path, "export")
+    assert out.returncode == 0 and error is None, (error, out.stderr[-3000:])
+    exported = torch.load(tmp_path / "export_rank0.pt")
+    assert "save_team" in exported["refused"] and "every rank" in exported["refused"]
+    for i in (0, 1):
+        folder = tmp_path / "agents" / f"agent_{i}"
+        assert '"Qwen2ForCausalLM"' in (folder / "config.json").read_text()
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        weights = torch.cat([p.detach().double().reshape(-1) for p in model.parameters() if p.requires_grad])
+        assert torch.equal(weights, exported["weights"][i])
+        assert not torch.equal(weights, torch.load(tmp_path / "full_rank0.pt")["weights"][i])  # not a stale file
+
+
 # --- mesh checks and what gets sharded ------------------------------------------------------------------------
 def test_mesh_auto_is_data_parallel_over_every_process():
     assert resolve_mesh("auto", "auto", 4) == (4, 1)

@@ -1,0 +1,62 @@
+"""FSDP2 checkpoints on CPU processes (gloo), run by tests/components/test_fsdp.py.
+
+Usage: ``fsdp_checkpoint_script.py OUT MODEL MODE [DEVICES] [CKPT]``. 2-turn MAGRPO, 2 agents, under
+``ModelParallelStrategy()``, a sharded (distributed) checkpoint at the end of every epoch:
+
+* ``full``: 2 epochs uninterrupted, checkpoints under ``OUT/ckpt``;
+* ``resume``: resume ``CKPT`` (the epoch-1 checkpoint of ``full``) and train to 2 epochs;
+* ``export``: 1 epoch, then ``save_agents`` (refused: one rank cannot save a sharded agent), then every rank calls
+  ``save_team`` into ``OUT/agents``.
+
+``DEVICES`` (default 2) is the number of processes. Each rank writes ``OUT/MODE_rank{r}.pt``: every agent's weights
+gathered whole (float64), the global step, the world size and the refusal's message (export); a run that fails writes the error's text to
+``OUT/MODE_error.txt`` (rank 0) and exits with status 3.
+"""
+import os
+import sys
+
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import ModelParallelStrategy
+
+from comlrl_lightning.config import MAGRPOConfig
+from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
+from comlrl_lightning.multiturn.transitions import plain_transition
+from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
+
+out_dir, model_dir, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+devices = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+ckpt = sys.argv[5] if len(sys.argv) > 5 else None
+items = [{"prompt": f"Topic: {t}."} for t in ("rivers", "bread", "trains", "music")]
+args = MAGRPOConfig(num_turns=2, num_generations=2, train_batch_size=2, rollout_buffer_size=2, max_new_tokens=4,
+                    temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-2,
+                    num_train_epochs=1 if mode == "export" else 2, eval_interval=0, eval_num_samples=0, seed=0)
+callbacks = [ModelCheckpoint(dirpath=os.path.join(out_dir, "ckpt"), filename="{epoch}", save_top_k=-1)]
+tk = dict(accelerator="cpu", devices=devices, strategy=ModelParallelStrategy(), enable_progress_bar=False,
+          enable_model_summary=False, logger=False, default_root_dir=out_dir, callbacks=callbacks,
+          enable_checkpointing=mode != "export")
+if mode == "export":
+    tk["callbacks"] = []
+tr = MAGRPOTrainer(agent_model=model_dir, train_dataset=items, reward_func=cooperative_reward, formatters=FORMATTERS,
+                   external_transition=plain_transition, args=args, trainer_kwargs=tk)
+try:
+    tr.train(ckpt_path=ckpt)
+except Exception as exc:  # noqa: BLE001 - the test reads the message
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        with open(os.path.join(out_dir, f"{mode}_error.txt"), "w") as f:
+            f.write(f"{type(exc).__name__}: {exc}")
+    sys.exit(3)
+refused = None
+if mode == "export":
+    from comlrl_lightning.sharding import save_team
+
+    try:  # one rank's save_pretrained of a sharded agent: a clear error, not a hang
+        tr.module.save_agents(os.path.join(out_dir, "single_rank"))
+    except ValueError as exc:
+        refused = str(exc)
+    save_team(tr.module, os.path.join(out_dir, "agents"))
+weights = [torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().double().reshape(-1)
+                      for p in tr.team.parameters_of(i)]) for i in range(2)]
+torch.save({"weights": weights, "global_step": tr.trainer.global_step, "world": tr.trainer.world_size,
+            "refused": refused},
+           os.path.join(out_dir, f"{mode}_rank{tr.trainer.global_rank}.pt"))
