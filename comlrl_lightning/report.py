@@ -4,15 +4,16 @@ Reads the run's ``metrics.csv`` (Lightning's ``CSVLogger``, which every config u
 writes into ``<run>/plots/``:
 
 * ``rewards.png``: task and training rewards against the logged step (``eval/reward_mean``,
-  ``turn_{t}/reward_mean``, ``turn_{t}/expected_return``, ``round/candidate_reward_mean``, ...);
-* ``losses.png``: every ``*loss`` key (``train/loss``, ``train/agent{i}/actor_loss``, ``train/reward_model/loss``,
-  ...) and every ``*accuracy`` key on a second panel;
+  ``turn_{t}/reward_mean``, ``turn_{t}/expected_return``, ``round/candidate_reward_mean``, ...), titled by what
+  each measures (eval items, training samples, a round's candidates);
+* ``losses.png``: one panel per kind of loss (``train/loss``, ``train/agent{i}/actor_loss``,
+  ``train/agent{i}/value_loss``, ...) and one for the ``*accuracy`` keys;
 * ``rounds.png`` (iterative runs): ``round/win_rate`` and ``round/tie_rate`` per round, with the new pairs per
   round (``round/num_pairs``) on a second panel.
 
 A plot is written only when the run logged at least one of its keys. ``<run folder>`` may be the versioned
-folder (``outputs/madpo_tiny/lightning_logs/version_0``) or any folder above it (the newest ``metrics.csv``
-below it is used).
+folder (``outputs/madpo_tiny/lightning_logs/version_0``) or any folder above it (the newest training run below it
+is used, not a later ``validate``/``test`` run). Every figure's title names the run folder and whether it trained.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from pathlib import Path
 
 
 def find_metrics(run: str | Path) -> Path:
-    """``run/metrics.csv``, else the newest ``metrics.csv`` below ``run``; a clear error when there is none."""
+    """``run/metrics.csv``, else the training run below ``run``: the newest ``metrics.csv`` that logged a training
+    metric (``train/*``, ``round/*`` or a loss), so that a later ``validate``/``test`` run or an empty run beside it
+    is not picked; without one, the newest file with any metric. A clear error when there is none."""
     run = Path(run)
     if run.is_file() and run.name.endswith(".csv"):
         return run
@@ -35,7 +38,13 @@ def find_metrics(run: str | Path) -> Path:
     if not found:
         raise FileNotFoundError(f"No metrics.csv under {str(run)!r}. Pass a run folder written by a CSVLogger "
                                 "(e.g. outputs/madpo_tiny/lightning_logs/version_0).")
-    return found[-1]
+    keys = {p: set(read_metrics(p)) for p in found}
+    training = [p for p in found if any(_is_training(k) for k in keys[p])]
+    return (training or [p for p in found if keys[p]] or found)[-1]
+
+
+def _is_training(key: str) -> bool:
+    return key.startswith(("train/", "round/")) or key.endswith("loss")
 
 
 def read_metrics(path: str | Path) -> dict[str, list[tuple[float, float]]]:
@@ -63,6 +72,42 @@ def _is_reward(key: str) -> bool:
     return key.endswith(("reward_mean", "expected_return")) and "reward_distribution" not in key
 
 
+def describe_reward(key: str) -> str:
+    """What a reward key measures, for the plot's legend and title."""
+    if key.startswith(("eval/", "val/", "test/")):
+        return "task reward on the eval items"
+    if key.startswith("round/"):
+        return "task reward of the round's sampled candidates"
+    return "task reward of the training samples (MADPO: the candidates behind the batch's pairs)"
+
+
+def plot_plan(series: dict) -> dict[str, list[tuple[str, str, list[str]]]]:
+    """``{file name: [(panel title, y label, keys), ...]}`` of the reward and loss figures for ``series``' keys:
+    the rewards (a key equal to one already plotted is left out, e.g. ``eval/turn_1/*`` = ``eval/reward_mean``),
+    titled by what they measure; one panel per kind of loss (``train/loss``, ``actor_loss``, ``value_loss``, ...:
+    losses of different scales never share an axis) and one for the accuracies."""
+    plan: dict[str, list[tuple[str, str, list[str]]]] = {}
+    rewards: list[str] = []
+    for k in sorted(series, key=lambda k: (not k.startswith("eval/"), k.count("/"), k)):
+        if _is_reward(k) and all(series[k] != series[r] for r in rewards):
+            rewards.append(k)
+    if rewards:
+        kinds = list(dict.fromkeys(describe_reward(k) for k in rewards))
+        title = "; ".join(f"{d} ({', '.join(k for k in rewards if describe_reward(k) == d)})" for d in kinds)
+        plan["rewards.png"] = [("rewards: " + title, "reward", rewards)]
+    kinds_of_loss: dict[str, list[str]] = defaultdict(list)
+    for k in sorted(series):
+        if k.endswith("loss"):
+            kinds_of_loss[k.rsplit("/", 1)[-1]].append(k)
+    panels = [(f"{kind}: {', '.join(keys)}", kind, keys) for kind, keys in sorted(kinds_of_loss.items())]
+    accuracies = sorted(k for k in series if k.endswith("accuracy"))
+    if accuracies:
+        panels.append((f"accuracy: {', '.join(accuracies)}", "accuracy", accuracies))
+    if panels:
+        plan["losses.png"] = panels
+    return plan
+
+
 def _panel(ax, series: dict, keys: list[str], ylabel: str, xlabel: str = "step") -> None:
     for key in keys:
         points = series[key]
@@ -87,7 +132,8 @@ def render_report(run: str | Path, out_dir: str | Path | None = None) -> list[Pa
     series = read_metrics(metrics)
     out = Path(out_dir) if out_dir is not None else metrics.parent / "plots"
     out.mkdir(parents=True, exist_ok=True)
-    title = str(metrics.parent)
+    kind = "training run" if any(_is_training(k) for k in series) else "evaluation-only run"
+    title = f"{metrics.parent} ({kind})"
     written: list[Path] = []
 
     def save(fig, name: str) -> None:
@@ -98,24 +144,12 @@ def render_report(run: str | Path, out_dir: str | Path | None = None) -> list[Pa
         plt.close(fig)
         written.append(path)
 
-    rewards: list[str] = []
-    for k in sorted(series, key=lambda k: (not k.startswith("eval/"), k.count("/"), k)):
-        if _is_reward(k) and all(series[k] != series[r] for r in rewards):  # e.g. eval/turn_1/* = eval/reward_mean
-            rewards.append(k)
-    if rewards:
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        _panel(ax, series, rewards, "reward")
-        ax.set_title("rewards (eval/*: task reward on the eval items)", fontsize=9)
-        save(fig, "rewards.png")
-
-    losses = sorted(k for k in series if k.endswith("loss"))
-    accuracies = sorted(k for k in series if k.endswith("accuracy"))
-    if losses or accuracies:
-        panels = [p for p in ((losses, "loss"), (accuracies, "accuracy")) if p[0]]
-        fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3.5 * len(panels)), squeeze=False)
-        for ax, (keys, label) in zip(axes[:, 0], panels):
+    for name, panels in plot_plan(series).items():
+        fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3.5 * len(panels) + 1), squeeze=False)
+        for ax, (panel_title, label, keys) in zip(axes[:, 0], panels):
             _panel(ax, series, keys, label)
-        save(fig, "losses.png")
+            ax.set_title(panel_title, fontsize=8, wrap=True)
+        save(fig, name)
 
     if "round/win_rate" in series:
         by_round = {}
