@@ -1,0 +1,119 @@
+"""Code on a real model: the initial pass rate of SmolLM2-135M-Instruct on the easy tier of built-in problems.
+
+The easy tier (``comlrl_lightning/envs/code/data/problems_easy.jsonl``, ``EASY_PROBLEMS``: 24 one-line problems) is
+meant to be solved *sometimes* by a 135 M instruct model: the issue asks for an initial pass rate between 10 % and
+60 % at temperature 1, so that 2-turn MAGRPO with ``level_feedback`` has something to learn. This script measures it
+with the code environment's own prompts (``envs.code.FORMATTERS``: agent 0 writes ``aux``, agent 1 the entry
+point), wrapped explicitly in the model's chat template, sampled at temperature 1 (no top-k/top-p filter), and
+scored by the code environment's reward in the sandbox (``code_rewards``; bubblewrap).
+
+    python benchmarks/real_code.py --seeds 0 1 2                 # 24 problems x 2 samples per seed
+    python benchmarks/real_code.py --seeds 0 --samples 4 --problems 12
+
+Printed per seed: the pass rate (all tests of a problem pass), the mean level reward (0..4, envs/code/rewards.py),
+the share of main completions that define the entry point, and the wall time and generated tokens.
+Training (2-turn MAGRPO, level_feedback) on this tier is not in this script yet (benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+PACKAGED = "packaged:smollm2-135m-instruct"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="sampling seeds, run one after the other")
+    p.add_argument("--samples", type=int, default=2, help="joint samples per problem and seed (default 2)")
+    p.add_argument("--problems", type=int, default=24, help="first N easy problems (default all 24)")
+    p.add_argument("--max-new-tokens", type=int, default=96, help="completion budget per agent (default 96)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    args = p.parse_args(argv)
+    if args.samples < 1 or not 1 <= args.problems <= 24:
+        p.error(f"--samples must be >= 1 and --problems in 1..24; got {args.samples}, {args.problems}")
+    return args
+
+
+def sample(model, tok, prompts: list[str], n: int, max_new_tokens: int, temperature: float, seed: int):
+    """``n`` completions per prompt (texts, flat, prompt-major) and the number of generated tokens (to EOS)."""
+    import torch
+
+    tok.padding_side = "left"
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(**enc, do_sample=True, temperature=temperature, top_p=1.0, top_k=0,
+                             max_new_tokens=max_new_tokens, num_return_sequences=n, pad_token_id=tok.pad_token_id)
+    texts, tokens = [], 0
+    for row in out[:, enc["input_ids"].shape[1]:].tolist():
+        k = next((i + 1 for i, t in enumerate(row) if t in (tok.eos_token_id, tok.pad_token_id)), len(row))
+        tokens += k
+        texts.append(tok.decode(row[:k], skip_special_tokens=True))
+    return texts, tokens
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    for k, v in (("WANDB_MODE", "disabled"), ("HF_HUB_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
+        os.environ.setdefault(k, v)
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    from comlrl_lightning.agents import load_tokenizer
+    from comlrl_lightning.data.tasks import chat_prompt
+    from comlrl_lightning.envs.code import FORMATTERS, code_rewards, require_sandbox
+    from comlrl_lightning.envs.code.problems import EASY_PROBLEMS, load_code_problems
+    from comlrl_lightning.gguf import resolve_gguf
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    require_sandbox("bwrap", what="benchmarks/real_code.py")
+    torch.set_num_threads(args.threads)
+    folder = resolve_gguf(PACKAGED)
+    tok = load_tokenizer(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    items = [dict(r) for r in load_code_problems(EASY_PROBLEMS)][:args.problems]
+    rows = []
+    for seed in args.seeds:
+        t0 = time.perf_counter()
+        texts, tokens = [], 0
+        for a, fmt in enumerate(FORMATTERS):
+            prompts = [chat_prompt(tok, fmt(it)) for it in items]
+            got, n = sample(model, tok, prompts, args.samples, args.max_new_tokens, args.temperature,
+                            seed * 1000 + a)
+            texts.append(got)
+            tokens += n
+        wall = time.perf_counter() - t0
+        paths = [it for it in items for _ in range(args.samples)]
+        scores = code_rewards(texts[0], texts[1], paths, timeout_s=5.0)
+        passed = [b.total_tests > 0 and b.passed == b.total_tests for b in scores]
+        per_problem = [sum(passed[i * args.samples:(i + 1) * args.samples]) for i in range(len(items))]
+        solved = [it["entry_point"] for it, k in zip(items, per_problem) if k]
+        row = dict(seed=seed, pass_rate=sum(passed) / len(passed), level=statistics.mean(b.total for b in scores),
+                   defines=statistics.mean(f"def {it['entry_point']}(" in t for it, t in zip(paths, texts[1])),
+                   wall=wall, tokens=tokens)
+        rows.append(row)
+        print(f"seed {seed}: pass rate {row['pass_rate']:.3f}, level reward {row['level']:.3f}, main defines the "
+              f"entry point {row['defines']:.2f}, {wall:.0f} s, {tokens} tokens; solved at least once: {solved}",
+              flush=True)
+    print(f"\nSmolLM2-135M-Instruct on the easy tier ({len(items)} problems x {args.samples} samples, temperature "
+          f"{args.temperature:g}, {args.max_new_tokens} new tokens per agent)")
+    print(f"{'seed':>5s}{'pass rate':>11s}{'level':>8s}{'defines':>9s}{'wall s':>8s}{'tokens':>8s}")
+    for r in rows:
+        print(f"{r['seed']:5d}{r['pass_rate']:11.3f}{r['level']:8.3f}{r['defines']:9.2f}{r['wall']:8.0f}"
+              f"{r['tokens']:8d}")
+    print(f"{'mean':>5s}{statistics.mean(r['pass_rate'] for r in rows):11.3f}"
+          f"{statistics.mean(r['level'] for r in rows):8.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
