@@ -3,9 +3,12 @@
 ``<dir>/initial/agent_{i}/`` when training starts and ``<dir>/iteration_{t:04d}/agent_{i}/`` after round t
 (0-based, rounds that trained nothing included). Each ``agent_i`` holds an HF ``save_pretrained`` model and
 tokenizer, or just the LoRA adapter weights. A snapshot is written into a temporary folder next to its
-target and renamed into place, so a crash never leaves a half-written snapshot. ``dir`` is ``dirpath``,
-else ``args.policy_checkpoint_dir``, else ``<trainer.default_root_dir>/policy_checkpoints``. The
-``history`` comparator reads these snapshots.
+target, then swapped into place (:func:`~comlrl_lightning.files.replace_dir`: write new, rename over, delete old), so
+a crash at any moment leaves a complete snapshot, the old or the new one; what a crash left (a temporary or an old
+folder) is cleaned up or put back at the next setup. One run per folder: the folder is locked for the run
+(:class:`~comlrl_lightning.files.RunLock`), and a second live run on it is refused with a message naming the first.
+``dir`` is ``dirpath``, else ``args.policy_checkpoint_dir``, else ``<trainer.default_root_dir>/policy_checkpoints``.
+The ``history`` comparator reads these snapshots.
 
 The checkpoint state names the snapshots relative to that folder (``initial``, ``iteration_0000``, ...), never by
 absolute path: a run folder copied elsewhere and resumed there uses, and checks, its own snapshots.
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import lightning as L
 
+from comlrl_lightning.files import RunLock, recover_dirs, replace_dir
 from comlrl_lightning.protocols import TeamModule, check_protocol
 from comlrl_lightning.rounds import check_round_setup, output_dir, round_just_finished
 
@@ -32,6 +36,7 @@ class HistoryCheckpoint(L.Callback):
         self.dirpath = dirpath
         self.root: Path | None = None
         self.saved: dict[str, str] = {}
+        self._lock: RunLock | None = None
 
     @property
     def state_key(self) -> str:
@@ -42,16 +47,31 @@ class HistoryCheckpoint(L.Callback):
         check_protocol(pl_module, TeamModule, "HistoryCheckpoint", "module", "MADPOModule")
         configured = self.dirpath or getattr(pl_module.args, "policy_checkpoint_dir", None)
         self.root = output_dir(trainer, configured, "policy_checkpoints")
+        if trainer.is_global_zero and stage == "fit":
+            self._lock = RunLock(self.root, "policy snapshot", "policy_checkpoint_dir")
+            self._lock.acquire()
+            recover_dirs(self.root)
+            for tmp in self.root.glob(".*.new.*"):  # a snapshot a killed run was writing: never complete
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._release()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        lock, self._lock = getattr(self, "_lock", None), None
+        if lock is not None:
+            lock.release()
 
     def save(self, pl_module: L.LightningModule, name: str) -> Path:
-        """Write ``root/name/agent_{i}`` atomically (temp folder + rename); returns the folder."""
+        """Write ``root/name/agent_{i}`` atomically (temp folder, then :func:`replace_dir`); returns the folder."""
         target = self.root / name
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=self.root))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.new.", dir=self.root))
         try:
             pl_module.team.save(tmp)
-            if target.exists():
-                shutil.rmtree(target)
-            tmp.rename(target)
+            replace_dir(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

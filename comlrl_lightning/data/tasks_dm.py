@@ -140,7 +140,7 @@ class ResumableLoader(DataLoader):
     ``ModelCheckpoint`` saves (after ``on_train_batch_end``) or the epoch ends. Resumed in that epoch, the first
     iteration skips those batches by index (no item is read or collated twice) and serves the rest of the same
     permutation; resumed in a later epoch (an end-of-epoch checkpoint), the state is not used. A checkpoint of
-    another batch size or dataset size is refused (docs/guide.md, "Resume")."""
+    another batch size or dataset size is refused (docs/guide.md §1.1)."""
 
     def __init__(self, *args: Any, kind: str = "task", epoch_of: Callable[[], int] | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -131,7 +131,7 @@ def verify_checkpoint(module: L.LightningModule, checkpoint: dict) -> None:
 def warn_unresumable_position(checkpoint: dict, path: Any = None) -> None:
     """Warn when ``checkpoint`` was taken inside an epoch but holds no position of the train loader (written before
     the loaders were resumable, or by a data module whose loader is not): the resumed epoch would start again from
-    its first batch, and the run would not continue as the uninterrupted one (docs/guide.md, "Resume")."""
+    its first batch, and the run would not continue as the uninterrupted one (docs/guide.md §1.1)."""
     fit = (checkpoint.get("loops") or {}).get("fit_loop") or {}
     batches = (fit.get("epoch_loop.batch_progress") or {}).get("current") or {}
     epoch = (fit.get("epoch_progress") or {}).get("current") or {}
@@ -312,7 +312,8 @@ class TeamModuleBase(L.LightningModule):
                                "than sample with stale weights (docs/engines.md, \"Verification\").") from exc
 
     def configure_callbacks(self) -> list:
-        """A non-HF engine's shutdown hooks (teardown, exceptions, Ctrl-C); nothing with the HF engine.
+        """A non-HF engine's shutdown hooks (teardown, exceptions, Ctrl-C; nothing with the HF engine) and the lock of
+        the round-file folder (:class:`~comlrl_lightning.callbacks.run_lock.RunFolderLock`).
 
         Lightning calls this hook first in ``fit`` / ``validate`` / ``test``, before it initializes the process
         group: the strategy and the launch are checked here (:func:`~comlrl_lightning.strategies.preflight`), so a
@@ -320,10 +321,12 @@ class TeamModuleBase(L.LightningModule):
         process instead of a hang."""
         if self._trainer is not None:
             preflight(self._trainer, self)
+        from comlrl_lightning.callbacks.run_lock import RunFolderLock  # one run per round-file folder
+
         engine = self.team.engine
         if engine is None or getattr(engine, "name", "hf") == "hf":
-            return []
-        return [EngineShutdown(engine)]
+            return [RunFolderLock()]
+        return [EngineShutdown(engine), RunFolderLock()]
 
     def configure_model(self) -> None:
         """Under Lightning's ``ModelParallelStrategy`` (FSDP2): shard every trained member (agents, critics) layer
