@@ -162,12 +162,17 @@ class ExportAgents(L.Callback):
         self.exported: dict[str, str] = {}
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not trainer.is_global_zero:
+        from comlrl_lightning.sharding import save_team, team_is_sharded
+
+        sharded = team_is_sharded(pl_module)  # FSDP2: every rank takes part in gathering the agents
+        if not trainer.is_global_zero and not sharded:
             return
         run = run_folder(trainer)
         if hasattr(pl_module, "save_agents"):
             agents_dir = Path(self.output_dir) if self.output_dir is not None else run / "agents"
-            paths = pl_module.save_agents(str(agents_dir))
+            paths = save_team(pl_module, str(agents_dir)) if sharded else pl_module.save_agents(str(agents_dir))
+            if not trainer.is_global_zero:
+                return
             for i, p in enumerate(paths):
                 record_sampling(Path(p), pl_module)
                 (Path(p) / "README.md").write_text(model_card(pl_module, trainer, i, agents_dir, run))

@@ -217,6 +217,12 @@ def full_state_dict(member: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(member, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def team_is_sharded(module: Any) -> bool:
+    """True when team module ``module`` has an agent sharded by :func:`shard_team`."""
+    team = getattr(module, "team", None)
+    return team is not None and any(is_sharded(m) for m in team.unique_models())
+
+
 def _plain_class_name(model: nn.Module) -> str:
     """The class ``fully_shard`` derived ``type(model)`` from (``FSDPQwen2ForCausalLM`` -> ``Qwen2ForCausalLM``)."""
     from torch.distributed.fsdp import FSDPModule
