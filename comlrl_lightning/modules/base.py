@@ -546,19 +546,24 @@ class TeamModuleBase(L.LightningModule):
         """By how much one training batch advances ``updates_seen`` (1; the RL trainers: one per task item)."""
         return 1
 
-    #: Attributes holding a ``logging_steps`` gate (the progress of the last log, or None), saved with the counters so
-    #: that a run resumed mid-epoch logs at the steps the uninterrupted run logs at.
+    #: Attributes holding a ``logging_steps`` gate (the progress of the last log, or None), saved in the checkpoint
+    #: (``comlrl_logging_gates``) so that a run resumed mid-epoch logs at the steps the uninterrupted run logs at.
     LOGGING_GATES = ("_last_logged_step", "_last_logged_progress", "_last_logged_env_step")
 
     def progress_state(self) -> dict[str, Any]:
         """Counters saved in the checkpoint (plain types only)."""
-        gates = {name: getattr(self, name) for name in self.LOGGING_GATES if hasattr(self, name)}
-        return {"env_step": self.env_step, "updates_seen": self.updates_seen, "logging_gates": gates}
+        return {"env_step": self.env_step, "updates_seen": self.updates_seen}
 
     def load_progress_state(self, state: dict[str, Any]) -> None:
         self.env_step = int(state.get("env_step", 0))
         self.updates_seen = int(state.get("updates_seen", 0))
-        for name, value in state.get("logging_gates", {}).items():
+
+    def logging_gates(self) -> dict[str, int | None]:
+        """The :attr:`LOGGING_GATES` this module has, by name (plain types)."""
+        return {name: getattr(self, name) for name in self.LOGGING_GATES if hasattr(self, name)}
+
+    def load_logging_gates(self, gates: dict[str, Any]) -> None:
+        for name, value in gates.items():
             if name in self.LOGGING_GATES:
                 setattr(self, name, None if value is None else int(value))
 
@@ -619,6 +624,7 @@ class TeamModuleBase(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["comlrl_identity"] = self.team_identity()
         checkpoint["comlrl_progress"] = self.progress_state()
+        checkpoint["comlrl_logging_gates"] = self.logging_gates()
         trainer = self._trainer
         own = self.rank_state()
         if own:  # every rank dumps the checkpoint (Lightning), so the gather is met by all; rank 0 writes it
@@ -630,6 +636,7 @@ class TeamModuleBase(L.LightningModule):
         verify_checkpoint(self, checkpoint)
         warn_unresumable_position(checkpoint, getattr(self._trainer, "ckpt_path", None) if self._trainer else None)
         self.load_progress_state(checkpoint.get("comlrl_progress", {}))
+        self.load_logging_gates(checkpoint.get("comlrl_logging_gates", {}))
         if self.team.engine is not None:  # the restored weights replace the ones the engine holds
             self.team.engine.sync(None)
         rank, world_size = world(self._trainer) if self._trainer is not None else (0, 1)
