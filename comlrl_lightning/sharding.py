@@ -142,9 +142,11 @@ def shard_member(member: nn.Module, mesh: Any) -> nn.Module:
 
     if is_sharded(member):
         return member
-    for unit in shard_units(member):
+    # a peft model's forward and generate both enter its inner transformers model, which must be the FSDP root
+    root = member.get_base_model() if callable(getattr(member, "get_base_model", None)) else member
+    for unit in shard_units(root):
         fully_shard(unit, mesh=mesh)
-    fully_shard(member, mesh=mesh)
+    fully_shard(root, mesh=mesh)
     if callable(getattr(member, "generate", None)):
         # an instance attribute: generation code calls ``model.generate`` unchanged
         object.__setattr__(member, "generate", functools.partial(_gathered_generate, member, member.generate))
@@ -170,17 +172,13 @@ def shard_team(module: Any) -> int:
     model, then critics and value heads) on the ``data_parallel`` mesh of Lightning's ``ModelParallelStrategy``;
     nothing under another strategy. Returns the number of members sharded (0 when nothing was done).
 
-    Refused (``ValueError``): LoRA agents (the shared frozen base and its per-agent adapters are not sharded yet),
-    ``parallel_training="mp"`` and a non-HF ``generation_backend``."""
+    LoRA agents: the shared base is one member, sharded once with every adapter in it (each adapter keeps its own
+    optimizer). Refused (``ValueError``): ``parallel_training="mp"`` and a non-HF ``generation_backend``."""
     trainer = getattr(module, "_trainer", None)
     strategy = getattr(trainer, "strategy", None) if trainer is not None else None
     if strategy is None or "ModelParallelStrategy" not in {c.__name__ for c in type(strategy).__mro__}:
         return 0
     a = module.args
-    if module.team.uses_lora:
-        raise ValueError("ModelParallelStrategy (FSDP2) with lora=... is not supported yet: LoRA agents share one "
-                         "frozen base, which fits on one device by design; use strategy=\"ddp\" for them "
-                         "(docs/scaling.md, \"Strategies\").")
     if getattr(a, "parallel_training", "none") == "mp":
         raise ValueError("parallel_training='mp' places agents on devices inside one process; with "
                          "ModelParallelStrategy (FSDP2) every process holds a shard of every agent. Use "
@@ -234,10 +232,10 @@ def _plain_class_name(model: nn.Module) -> str:
 
 
 def save_team(module: Any, output_dir: str) -> list[str]:
-    """Write ``output_dir/agent_{i}/`` per agent as ordinary ``from_pretrained`` folders (model + tokenizer), from
-    sharded agents: every rank must call it (each agent's whole state dict is gathered, a collective), rank 0
-    writes, then every rank waits at a barrier. Returns the folders on every rank. Without sharded agents it is
-    ``module.save_agents(output_dir)`` (rank 0 only writes under a process group)."""
+    """Write ``output_dir/agent_{i}/`` per agent as ordinary ``from_pretrained`` folders (model + tokenizer, or the
+    LoRA adapter + tokenizer, as ``AgentTeam.save``), from sharded agents. Every rank must call it: each agent's
+    whole state dict is gathered (a collective), rank 0 writes, then every rank waits at a barrier. Returns the
+    folders on every rank. Without sharded agents it is ``module.save_agents(output_dir)`` on rank 0."""
     import json
     import os
     from pathlib import Path
@@ -256,9 +254,17 @@ def save_team(module: Any, output_dir: str) -> list[str]:
             by_id = {id(m): s for m, s in zip(team.unique_models(), states)}
             out = Path(output_dir)
             out.mkdir(parents=True, exist_ok=True)
-            for i, (model, tok) in enumerate(zip(team.models, team.tokenizers)):
+            for i, (model, tok, adapter) in enumerate(zip(team.models, team.tokenizers, team.adapters)):
                 target = out / f"agent_{i}"
-                model.save_pretrained(str(target), state_dict=by_id[id(model)])
+                if adapter is not None:  # peft picks the adapter's weights out of the whole state dict
+                    model.save_pretrained(str(target), selected_adapters=[adapter], state_dict=by_id[id(model)])
+                    sub = target / adapter  # a non-default adapter goes to a subfolder: flatten it (AgentTeam.save)
+                    if sub.is_dir():
+                        for f in sub.iterdir():
+                            os.replace(f, target / f.name)
+                        sub.rmdir()
+                else:
+                    model.save_pretrained(str(target), state_dict=by_id[id(model)])
                 config = target / "config.json"
                 if config.is_file():  # save_pretrained names the sharded class (FSDPQwen2ForCausalLM)
                     data = json.loads(config.read_text())

@@ -1,12 +1,14 @@
 """FSDP2 (Lightning's ModelParallelStrategy) against strategy="ddp", on 2 CPU processes (gloo), run by
 tests/components/test_fsdp.py.
 
-Usage: ``fsdp_strategy_script.py OUT MODEL FIT [FIT ...]``, FIT among ``magrpo``, ``iac``, ``maac``, ``madpo``. Each
-FIT is trained twice in the same two processes from the same seed: with ``strategy="ddp"`` (the reference), then
-with ``ModelParallelStrategy()`` (every agent and critic sharded by the module's ``configure_model``). Each rank
-writes ``OUT/rank{r}.pt``: per fit and run, every trained parameter before the fit and after it (gathered whole) (agents, then critics) flattened
-in float64, the elements this rank holds of each member, the whole element count, the global step, the world size,
-and the type name of the first agent parameter.
+Usage: ``fsdp_strategy_script.py OUT MODEL FIT [FIT ...]``, FIT among ``magrpo``, ``magrpo_lora``, ``iac``, ``maac``,
+``madpo``. Each FIT is trained twice in the same two processes from the same seed: with ``strategy="ddp"`` (the
+reference), then with ``ModelParallelStrategy()`` (every agent and critic sharded by the module's
+``configure_model``). Each rank writes ``OUT/rank{r}.pt``: per fit and run, every trained member's parameters (agents,
+then critics; a LoRA fit adds its frozen base last) before and after the fit, gathered whole and flattened in
+float64, the elements this rank holds of each member, the whole element count, the global step, the world size and
+the type name of the first agent parameter. The LoRA fit exports its adapters with ``save_team`` into
+``OUT/magrpo_lora_agents``.
 """
 import os
 import sys
@@ -17,7 +19,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from comlrl_lightning.config import IACConfig, MAACConfig, MADPOConfig, MAGRPOConfig
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.multiturn.transitions import plain_transition
-from comlrl_lightning.sharding import local_numel
+from comlrl_lightning.sharding import local_numel, save_team
 
 out_dir, model_dir, names = sys.argv[1], sys.argv[2], sys.argv[3:]
 items = [{"prompt": f"Topic: {t}."} for t in ("rivers", "bread", "trains", "music")]
@@ -29,11 +31,12 @@ common = dict(agent_model=model_dir, train_dataset=items, reward_func=cooperativ
 def build(name: str, strategy):
     tk = dict(accelerator="cpu", devices=2, strategy=strategy, enable_progress_bar=False, enable_model_summary=False,
               enable_checkpointing=False, default_root_dir=out_dir, logger=False)
-    if name == "magrpo":  # 2 turns, 2 agents, gradient clipping
+    if name in ("magrpo", "magrpo_lora"):  # 2 turns, 2 agents; LoRA: 2 adapters on one shared frozen base
         from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 
         args = MAGRPOConfig(num_turns=2, num_generations=2, train_batch_size=2, rollout_buffer_size=2, **sampling)
-        return MAGRPOTrainer(args=args, external_transition=plain_transition, trainer_kwargs=tk, **common)
+        lora = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]} if name == "magrpo_lora" else None
+        return MAGRPOTrainer(args=args, external_transition=plain_transition, trainer_kwargs=tk, lora=lora, **common)
     if name in ("iac", "maac"):  # separate critics (IAC) and one shared critic (MAAC), their own optimizers
         from comlrl_lightning.trainers.actor_critic import IACTrainer, MAACTrainer
 
@@ -60,7 +63,10 @@ def trained(tr) -> list[list[torch.Tensor]]:
     """Every trained member's parameters: the agents, then critics and value heads."""
     m = tr.module
     members = [list(tr.team.parameters_of(i)) for i in range(2)]
-    return members + [list(c.parameters()) for c in [*getattr(m, "critics", []), *getattr(m, "value_heads", [])]]
+    members += [list(c.parameters()) for c in [*getattr(m, "critics", []), *getattr(m, "value_heads", [])]]
+    if tr.team.uses_lora:  # the frozen base, once
+        members.append([p for p in tr.team.models[0].parameters() if not p.requires_grad])
+    return members
 
 
 record, rank = {}, 0
@@ -71,6 +77,8 @@ for name in names:
         initial = [whole(ps) for ps in trained(tr)]
         tr.train()
         rank, members = tr.trainer.global_rank, trained(tr)
+        if run == "fsdp2" and tr.team.uses_lora:  # every rank gathers, rank 0 writes the adapters
+            save_team(tr.module, os.path.join(out_dir, f"{name}_agents"))
         record[f"{name}/{run}"] = {
             "initial": initial, "weights": [whole(ps) for ps in members], "local": [local_numel(ps) for ps in members],
             "numel": [sum(p.numel() for p in ps) for ps in members], "global_step": tr.trainer.global_step,

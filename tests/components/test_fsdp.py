@@ -57,6 +57,31 @@ def test_fsdp2_equals_ddp_and_shards_half_for_every_family(tiny_model_dir, tmp_p
         _check(ranks, name)
 
 
+@pytest.mark.slow
+def test_fsdp2_lora_shards_the_base_once_and_equals_ddp(tiny_model_dir, tmp_path):
+    """2 LoRA agents on one frozen base under FSDP2: the base is sharded once (half per rank) and stays frozen, each
+    adapter (its own optimizer) is sharded and ends equal to strategy="ddp"; save_team writes peft adapter folders
+    holding the trained adapters."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    ranks = _fit_both(tiny_model_dir, tmp_path, ["magrpo_lora"])
+    ddp, fsdp = ranks[0]["magrpo_lora/ddp"], ranks[0]["magrpo_lora/fsdp2"]
+    assert fsdp["param_type"] == "DTensor" and fsdp["global_step"] == ddp["global_step"] > 0
+    for r in (0, 1):
+        assert ranks[r]["magrpo_lora/fsdp2"]["local"] == [n // 2 for n in fsdp["numel"]]
+    adapters, base = fsdp["weights"][:2], fsdp["weights"][2]
+    assert torch.equal(base, fsdp["initial"][2]) and torch.equal(base, ddp["weights"][2])  # frozen
+    for before, a, b in zip(fsdp["initial"], ddp["weights"][:2], adapters):
+        assert not torch.equal(before, b)
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    for i in (0, 1):
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                                          tmp_path / "magrpo_lora_agents" / f"agent_{i}")
+        exported = torch.cat([p.detach().double().reshape(-1) for n, p in model.named_parameters() if "lora_" in n])
+        assert torch.equal(exported, adapters[i])
+
+
 def _checkpoint_run(tiny_model_dir, tmp_path, mode, devices=2, ckpt=None):
     argv = [sys.executable, str(TESTS / "fsdp_checkpoint_script.py"), str(tmp_path), tiny_model_dir, mode, str(devices)]
     out = subprocess.run(argv + ([ckpt] if ckpt else []), capture_output=True, text=True, timeout=300, env=ENV,
