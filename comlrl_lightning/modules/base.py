@@ -146,6 +146,25 @@ def warn_unresumable_position(checkpoint: dict, path: Any = None) -> None:
             "version with the package's data modules.", stacklevel=2)
 
 
+def refuse_round_end_position(checkpoint: dict, trainer: Any, path: Any = None) -> None:
+    """Refuse a checkpoint of a run with round callbacks (``round_stage``, docs/preference.md §4.6) taken after the
+    last batch of an epoch but before its end (``ModelCheckpoint(every_n_train_steps=...)`` saves in
+    ``on_train_batch_end``): Lightning resumes it in the next epoch without running the epoch's end, where the round
+    callbacks collect the next round's pairs and write the round's snapshot, so the run could not continue as the
+    uninterrupted one."""
+    if trainer is None or not any(isinstance(getattr(cb, "round_stage", None), int) for cb in trainer.callbacks):
+        return
+    fit = (checkpoint.get("loops") or {}).get("fit_loop") or {}
+    batches = fit.get("epoch_loop.batch_progress") or {}
+    epoch = (fit.get("epoch_progress") or {}).get("current") or {}
+    if batches.get("is_last_batch") and epoch.get("started", 0) != epoch.get("processed", 0):
+        raise ValueError(
+            f"Checkpoint {path or '(given)'} was taken after the last batch of epoch {epoch.get('processed', 0)} but "
+            "before the epoch's end, where the round callbacks collect the next round's pairs and write the round's "
+            "snapshot: resuming it would skip that work. Resume from the checkpoint written at that epoch's end "
+            "(ModelCheckpoint(every_n_epochs=1, save_on_train_epoch_end=True)) or from an earlier checkpoint.")
+
+
 class TeamModuleBase(L.LightningModule):
     """Base of the team modules; subclasses set ``self.args`` then call :meth:`init_team` in ``__init__``.
 
@@ -634,7 +653,9 @@ class TeamModuleBase(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.check_team_identity(checkpoint)
         verify_checkpoint(self, checkpoint)
-        warn_unresumable_position(checkpoint, getattr(self._trainer, "ckpt_path", None) if self._trainer else None)
+        path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
+        warn_unresumable_position(checkpoint, path)
+        refuse_round_end_position(checkpoint, self._trainer, path)
         self.load_progress_state(checkpoint.get("comlrl_progress", {}))
         self.load_logging_gates(checkpoint.get("comlrl_logging_gates", {}))
         if self.team.engine is not None:  # the restored weights replace the ones the engine holds

@@ -4,6 +4,8 @@ checkpoint, so the weights, the counters and every logged metric after it are th
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from conftest import cpu_trainer_kwargs
@@ -134,3 +136,33 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logged_after_the_checkpoint
         tail = full_rows[len(full_rows) - len(log.rows):]
         assert log.rows == tail, f"{runs['family']} resumed from {path.name}: first rows {log.rows[:2]} " \
                                  f"!= {tail[:2]}"
+
+
+def test_rounds_refuse_a_checkpoint_before_a_rounds_end_and_warn_without_a_loader_position(tiny_model_dir, tmp_path):
+    """MADPOIter: a checkpoint after a round's last batch but before the round's end (where the next round is
+    collected) is refused, naming the checkpoint to use; a mid-round one warns unless it holds the pair loader's
+    position (docs/guide.md §1.1)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from iterative_helpers import iter_args, make_trainer
+
+    args = iter_args(num_iterations=2, train_batch_size=2)
+    ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), filename="{epoch}-{step}", every_n_train_steps=1,
+                           save_top_k=-1)
+    make_trainer(tiny_model_dir, tmp_path, args=args, num_items=2, callbacks=[ckpt],
+                 trainer_kwargs={"enable_checkpointing": True}).train()
+    states = {p: torch.load(p, weights_only=False)["loops"]["fit_loop"] for p in (tmp_path / "ckpt").glob("*.ckpt")}
+    round_end = [p for p, s in states.items() if s["epoch_loop.batch_progress"]["is_last_batch"]
+                 and s["epoch_progress"]["current"]["processed"] == 0]
+    inside = [p for p, s in states.items() if not s["epoch_loop.batch_progress"]["is_last_batch"]
+              and s["epoch_progress"]["current"]["processed"] == 0]
+    assert round_end and inside
+    with pytest.raises(ValueError, match=r"last batch of epoch 0 but before the epoch's end.*save_on_train_epoch_end"):
+        make_trainer(tiny_model_dir, tmp_path, args=args, num_items=2).train(ckpt_path=str(round_end[0]))
+    positioned = bool(states[inside[0]]["state_dict"].get("combined_loader"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tiny_model_dir, tmp_path, args=args, num_items=2).train(ckpt_path=str(inside[0]))
+    assert any("holds no position" in str(w.message) for w in caught) != positioned
