@@ -2,7 +2,7 @@
 tests/components/test_fsdp.py.
 
 Usage: ``fsdp_strategy_script.py OUT MODEL FIT [FIT ...]``, FIT among ``magrpo``, ``magrpo_lora``, ``iac``, ``maac``,
-``madpo``. Each FIT is trained twice in the same two processes from the same seed: with ``strategy="ddp"`` (the
+``madpo``, ``madpo_iter``, ``marlhf``. Each FIT is trained twice in the same two processes from the same seed: with ``strategy="ddp"`` (the
 reference), then with ``ModelParallelStrategy()`` (every agent and critic sharded by the module's
 ``configure_model``). Each rank writes ``OUT/rank{r}.pt``: per fit and run, every trained member's parameters (agents,
 then critics; a LoRA fit adds its frozen base last) before and after the fit, gathered whole and flattened in
@@ -51,6 +51,22 @@ def build(name: str, strategy):
                            gradient_clip_val=0.05, gradient_accumulation_steps=2,
                            **{**sampling, "max_new_tokens": 6})
         return MADPOTrainer(args=args, trainer_kwargs=tk, **common)
+    if name == "madpo_iter":  # 2 rounds, the current team as comparator, replay of every round
+        from comlrl_lightning.config import MADPOIterConfig
+        from comlrl_lightning.trainers.iterative import MADPOIterTrainer
+
+        args = MADPOIterConfig(num_iterations=2, preference_num_candidates=4, preference_pairs_per_sample=2,
+                               train_batch_size=1, preference_replay_mode="all_history",
+                               preference_replay_sample_size=4, **{**sampling, "max_new_tokens": 6})
+        return MADPOIterTrainer(args=args, evaluation=False, trainer_kwargs=tk, eval_dataset=None, **common)
+    if name == "marlhf":  # a reward model fitted on collected pairs (replicated), then MAGRPO on it
+        from comlrl_lightning.config_marlhf import MARLHFConfig
+        from comlrl_lightning.trainers.marlhf import MARLHFTrainer
+
+        args = MARLHFConfig(num_generations=2, rollout_buffer_size=1, preference_num_candidates=4,
+                            preference_pairs_per_sample=2, reward_learning_rate=1e-3, reward_train_batch_size=4,
+                            reward_num_train_epochs=1, **sampling)
+        return MARLHFTrainer(args=args, evaluation=False, trainer_kwargs=tk, **common)
     raise ValueError(f"unknown fit {name!r}")
 
 

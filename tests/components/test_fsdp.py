@@ -18,7 +18,7 @@ from comlrl_lightning.strategies import preflight, strategy_refusal
 
 TESTS = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(TESTS.parent), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-MEMBERS = {"magrpo": 2, "iac": 4, "maac": 3, "madpo": 2}  # agents, then critics / value heads
+MEMBERS = {"magrpo": 2, "iac": 4, "maac": 3, "madpo": 2, "madpo_iter": 2, "marlhf": 2}  # agents, then critics
 
 
 def _fit_both(tiny_model_dir, tmp_path, fits):
@@ -49,9 +49,10 @@ def _check(ranks, name):
 
 @pytest.mark.slow
 def test_fsdp2_equals_ddp_and_shards_half_for_every_family(tiny_model_dir, tmp_path):
-    """On 2 gloo processes, 2-turn MAGRPO, IAC (separate critics), MAAC (one shared critic) and MADPO (clipping,
-    accumulation over 2 batches): every trained parameter is a DTensor, each rank holds half of every agent, and the
-    fit ends with the weights of strategy="ddp" from the same seed (generation gathers each agent whole)."""
+    """On 2 gloo processes, 2-turn MAGRPO, IAC (separate critics), MAAC (one shared critic), MADPO (clipping,
+    accumulation over 2 batches), MADPOIter (2 rounds) and MARLHF (a replicated reward model, then RL): every trained
+    parameter is a DTensor, each rank holds half of every agent, and the fit ends with the weights of strategy="ddp"
+    from the same seed (generation gathers each agent whole)."""
     ranks = _fit_both(tiny_model_dir, tmp_path, list(MEMBERS))
     for name in MEMBERS:
         _check(ranks, name)
@@ -82,12 +83,35 @@ def test_fsdp2_lora_shards_the_base_once_and_equals_ddp(tiny_model_dir, tmp_path
         assert torch.equal(exported, adapters[i])
 
 
-def _checkpoint_run(tiny_model_dir, tmp_path, mode, devices=2, ckpt=None):
-    argv = [sys.executable, str(TESTS / "fsdp_checkpoint_script.py"), str(tmp_path), tiny_model_dir, mode, str(devices)]
+def _checkpoint_run(tiny_model_dir, tmp_path, mode, devices=2, ckpt=None, fit="magrpo"):
+    argv = [sys.executable, str(TESTS / "fsdp_checkpoint_script.py"), str(tmp_path), tiny_model_dir, fit, mode,
+            str(devices)]
     out = subprocess.run(argv + ([ckpt] if ckpt else []), capture_output=True, text=True, timeout=300, env=ENV,
                          cwd=tmp_path)
     error = tmp_path / f"{mode}_error.txt"
     return out, (error.read_text() if error.exists() else None)
+
+
+def _resume_equals_uninterrupted(tiny_model_dir, tmp_path, fit) -> Path:
+    out, error = _checkpoint_run(tiny_model_dir, tmp_path, "full", fit=fit)
+    assert out.returncode == 0 and error is None, (error, out.stderr[-3000:])
+    first = tmp_path / "ckpt" / "epoch=0.ckpt"
+    assert {"__0_0.distcp", "__1_0.distcp", "meta.pt"} <= {p.name for p in first.iterdir()}  # a shard per rank
+    out, error = _checkpoint_run(tiny_model_dir, tmp_path, "resume", ckpt=str(first), fit=fit)
+    assert out.returncode == 0 and error is None, (error, out.stderr[-3000:])
+    for r in (0, 1):
+        full, resumed = torch.load(tmp_path / f"full_rank{r}.pt"), torch.load(tmp_path / f"resume_rank{r}.pt")
+        assert resumed["global_step"] == full["global_step"] > 0 and resumed["world"] == 2
+        for a, b in zip(full["weights"], resumed["weights"]):
+            torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+    return first
+
+
+@pytest.mark.slow
+def test_fsdp2_madpo_iter_resume_equals_uninterrupted(tiny_model_dir, tmp_path):
+    """MADPOIter under FSDP2, 2 rounds: resuming the round-0 distributed checkpoint (round files, replay, per-rank
+    streams in meta.pt; the agents' and optimizers' shards) ends with the uninterrupted run's weights."""
+    _resume_equals_uninterrupted(tiny_model_dir, tmp_path, "madpo_iter")
 
 
 @pytest.mark.slow
@@ -97,17 +121,7 @@ def test_fsdp2_sharded_checkpoint_resume_world_size_and_export(tiny_model_dir, t
     naming both world sizes; save_team writes ordinary from_pretrained folders holding the trained weights."""
     from transformers import AutoModelForCausalLM
 
-    out, error = _checkpoint_run(tiny_model_dir, tmp_path, "full")
-    assert out.returncode == 0 and error is None, (error, out.stderr[-3000:])
-    first = tmp_path / "ckpt" / "epoch=0.ckpt"
-    assert {"__0_0.distcp", "__1_0.distcp", "meta.pt"} <= {p.name for p in first.iterdir()}  # a shard per rank
-    out, error = _checkpoint_run(tiny_model_dir, tmp_path, "resume", ckpt=str(first))
-    assert out.returncode == 0 and error is None, (error, out.stderr[-3000:])
-    for r in (0, 1):
-        full, resumed = torch.load(tmp_path / f"full_rank{r}.pt"), torch.load(tmp_path / f"resume_rank{r}.pt")
-        assert resumed["global_step"] == full["global_step"] > 0 and resumed["world"] == 2
-        for a, b in zip(full["weights"], resumed["weights"]):
-            torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+    first = _resume_equals_uninterrupted(tiny_model_dir, tmp_path, "magrpo")
 
     out, error = _checkpoint_run(tiny_model_dir, tmp_path, "resume", devices=1, ckpt=str(first))
     assert out.returncode == 3 and error is not None, out.stderr[-3000:]
