@@ -20,6 +20,10 @@ from comlrl_lightning.modules.magrpo import MAGRPOModule, check_transition
 from comlrl_lightning.multiturn.transitions import check_transition_signature
 from comlrl_lightning.trainers.base import TeamTrainer
 
+#: sampled joint responses per eval item in the facades' evaluation: the shipped configs' (configs/magrpo/*.yaml,
+#: ``TaskRewardEvaluation.samples_per_item``), so that a facade and the YAML path report the same eval metrics
+EVAL_SAMPLES_PER_ITEM = 8
+
 # CoMLRL's ``comlrl.trainers.reinforce`` exports (docs/coming-from-comlrl.md)
 __all__ = ["MAGRPOConfig", "MAGRPOTrainer", "CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer",
            "MAREINFORCEConfig", "MAREINFORCETrainer", "MAReMaxConfig", "MAReMaxTrainer", "MARLOOConfig",
@@ -37,6 +41,8 @@ class MAGRPOTrainer(TeamTrainer):
 
     The team size is ``args.num_agents`` (``len(agents)`` when only ``agents`` is given); an explicit
     ``num_agents`` must agree with it, as in every facade (upstream MAGRPO let it override the config).
+    The evaluation samples ``EVAL_SAMPLES_PER_ITEM`` (8) joint responses per eval item, as the shipped configs, so
+    the facade and the YAML path report the same ``eval/*`` numbers for the same job (``trainer.evaluation``).
     """
 
     config_cls: type[MAGRPOConfig] = MAGRPOConfig
@@ -76,6 +82,7 @@ class MAGRPOTrainer(TeamTrainer):
             num_agents=self.args.num_agents, seed=self.args.seed,
         )
         self.evaluation = self._evaluation(bool(self.datamodule.eval_items), eval_logger, eval_aggregator)
+        self.evaluation.samples_per_item = EVAL_SAMPLES_PER_ITEM
         self._init_trainer(self.args.num_train_epochs, [self.evaluation, *callbacks], wandb_config, trainer_kwargs)
 
 
@@ -160,4 +167,5 @@ class CentralizedMAGRPOTrainer(TeamTrainer):
             seed=self.args.seed, centralized_adapter=adapter,
         )
         self.evaluation = self._evaluation(bool(self.datamodule.eval_items), eval_logger, eval_aggregator)
+        self.evaluation.samples_per_item = EVAL_SAMPLES_PER_ITEM
         self._init_trainer(self.args.num_train_epochs, [self.evaluation, *callbacks], wandb_config, trainer_kwargs)
