@@ -120,9 +120,10 @@ def test_fit_evaluates_per_role(tiny_model_dir):
     for r in (0, 1):
         assert 0.0 <= metrics[f"eval/role{r}/empty_rate"] <= 1.0 and f"eval/role{r}/completions/mean_length" in metrics
     # the evaluation's joint texts were cut by the adapter; eval_logger got [role][item][turn] of those cuts
-    per_role = logged[-1]
-    assert len(per_role) == 2 and all(len(paths) == 3 and all(len(t) == 1 for t in paths) for paths in per_role)
-    joint = [per_role[0][k][0] + per_role[1][k][0] for k in range(3)]
+    per_role, paths = logged[-1], 3 * tr.evaluation.samples_per_item  # items x samples, as the YAML path
+    assert tr.evaluation.samples_per_item == 8
+    assert len(per_role) == 2 and all(len(p) == paths and all(len(t) == 1 for t in p) for p in per_role)
+    joint = [per_role[0][k][0] + per_role[1][k][0] for k in range(paths)]
     assert all(text in adapter.parsed for text in joint)
 
 
