@@ -202,8 +202,11 @@ class StreamSampler:
         return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
 
 
-#: With :class:`StreamSampler` drawing, HF's warpers would only filter a one-hot score row again: skip them.
-_NEUTRAL = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+#: With :class:`StreamSampler` drawing, the score row HF receives is one-hot: HF's warpers would only filter it again
+#: and its own multinomial draw could only pick the same token, so ``generate`` runs in greedy mode (an argmax of that
+#: row) with the sampling flags unset; greedy mode takes one sequence per input row, so the prompts are repeated
+#: ``num_return_sequences`` times first, as HF does itself. Same tokens, one draw per step instead of two.
+_NEUTRAL = {"do_sample": False, "temperature": None, "top_k": None, "top_p": None, "num_return_sequences": 1}
 
 _RNG_LOCK = threading.Lock()
 _RNG_KEPT: dict[str, list] = {}  # device -> [users, saved state]
@@ -331,7 +334,8 @@ def sample_completions(
                     hook = None if head is None else head.register_forward_hook(
                         lambda _m, _i, logits, raw=sampler.raw: raw.__setitem__("last", logits[:, -1, :].detach()))
                     try:
-                        out = model.generate(**enc, **{**gen_kwargs, **_NEUTRAL},
+                        rows = {k: v.repeat_interleave(num_candidates, 0) for k, v in enc.items()}
+                        out = model.generate(**rows, **{**gen_kwargs, **_NEUTRAL},
                                              logits_processor=LogitsProcessorList([*user_processors, sampler]))
                     finally:
                         if hook is not None:

@@ -52,24 +52,25 @@ def test_one_generate_call_per_chunk(model_and_tok, monkeypatch):
     spy = GenerateSpy(model)
     monkeypatch.setattr(model, "generate", spy)
 
-    # 8 rows per chunk / 4 candidates = 2 prompts per chunk: 3 prompts -> 2 calls (2 prompts, then 1).
+    # 8 rows per chunk / 4 candidates = 2 prompts per chunk: 3 prompts -> 2 calls (2 prompts, then 1), each prompt
+    # row repeated once per candidate (StreamSampler draws; HF takes the argmax of its one-hot row, greedy mode)
     s = sample_completions(model, tok, PROMPTS, 4, SETTINGS, SamplingStream(0), max_batch_rows=8)
-    assert [c["kwargs"]["input_ids"].shape[0] for c in spy.calls] == [2, 1]
+    assert [c["kwargs"]["input_ids"].shape[0] for c in spy.calls] == [8, 4]
     assert [c["out"].shape[0] for c in spy.calls] == [8, 4]
     assert len(s.completion_ids) == 3
+    first = spy.calls[0]["kwargs"]["input_ids"]
+    assert torch.equal(first[0], first[3]) and not torch.equal(first[0], first[4])
     for call in spy.calls:
         kw = call["kwargs"]
-        assert kw["do_sample"] is True and kw["num_beams"] == 1
-        assert kw["num_return_sequences"] == 4
+        assert kw["do_sample"] is False and kw["num_beams"] == 1 and kw["num_return_sequences"] == 1
         assert kw["max_new_tokens"] == 6
-        assert kw["temperature"] == 1.0 and kw["top_p"] == 1.0
-        assert kw["top_k"] == 0  # None: no top-k filtering
+        assert kw["temperature"] is None and kw["top_p"] is None and kw["top_k"] is None  # HF's warpers unset
         assert kw["pad_token_id"] == tok.pad_token_id and kw["eos_token_id"] == tok.eos_token_id
 
     # Default chunking: everything in one call.
     spy.calls.clear()
     sample_completions(model, tok, PROMPTS, 4, SETTINGS, SamplingStream(0))
-    assert len(spy.calls) == 1 and spy.calls[0]["kwargs"]["input_ids"].shape[0] == 3
+    assert len(spy.calls) == 1 and spy.calls[0]["kwargs"]["input_ids"].shape[0] == 3 * 4
 
     # The draw is StreamSampler's (the last logits processor, with the warpers); HF's own warpers are off.
     spy.calls.clear()
@@ -79,11 +80,13 @@ def test_one_generate_call_per_chunk(model_and_tok, monkeypatch):
     sampler = kw["logits_processor"][-1]
     assert [type(w).__name__ for w in sampler.warpers] == ["TemperatureLogitsWarper", "TopKLogitsWarper",
                                                            "TopPLogitsWarper"]
-    assert sampler.warpers[1].top_k == 7 and (kw["top_k"], kw["temperature"], kw["top_p"]) == (0, 1.0, 1.0)
-    # The global-RNG path hands the settings to HF.
+    assert sampler.warpers[1].top_k == 7 and (kw["top_k"], kw["temperature"], kw["top_p"]) == (None, None, None)
+    # The global-RNG path hands the settings to HF, which samples and repeats the rows itself.
     spy.calls.clear()
     sample_completions(model, tok, PROMPTS, 2, top_k7, SamplingStream(0), own_generator=False)
-    assert spy.calls[0]["kwargs"]["top_k"] == 7 and "logits_processor" not in spy.calls[0]["kwargs"]
+    kw = spy.calls[0]["kwargs"]
+    assert kw["top_k"] == 7 and "logits_processor" not in kw and kw["do_sample"] is True
+    assert kw["num_return_sequences"] == 2 and kw["input_ids"].shape[0] == 3
 
 
 def test_completion_ids_follow_the_raw_rows(model_and_tok, monkeypatch):

@@ -90,13 +90,13 @@ def check_slices(team, prompts, samples, calls, expected_prompt_ids):
     width = call["input_ids"].shape[1]
     for p, ids in enumerate(expected_prompt_ids):
         assert samples.prompt_ids[p] == ids
-        mask = call["attention_mask"][p]  # generate takes one row per prompt and repeats it K times itself
-        # every prompt token is attended, pad/EOS ids inside the prompt included; only the left padding is not
-        assert int(mask.sum()) == len(ids) and bool(mask[width - len(ids):].all())
-        assert call["input_ids"][p, width - len(ids):].tolist() == ids
-        for c in range(K):
+        for c in range(K):  # the engine repeats each prompt row K times (greedy mode over the one-hot draw)
             row = p * K + c
-            assert call["out"][row, :width].tolist() == call["input_ids"][p].tolist()
+            mask = call["attention_mask"][row]
+            # every prompt token is attended, pad/EOS ids inside the prompt included; only the left padding is not
+            assert int(mask.sum()) == len(ids) and bool(mask[width - len(ids):].all())
+            assert call["input_ids"][row, width - len(ids):].tolist() == ids
+            assert call["out"][row, :width].tolist() == call["input_ids"][row].tolist()
             # the completion is what generate appended after the padded prompt width, cut at its first pad
             generated = call["out"][row, width:].tolist()
             assert samples.completion_ids[p][c] == cut_at_pad(generated, pad, tok.eos_token_id)

@@ -26,15 +26,19 @@ def small_args(**kw):
     return MAGRPOConfig(**base)
 
 
-def count_generate(team) -> list[list[int]]:
-    """Wrap every agent model's ``generate``; returns per agent the number of prompts of each call."""
+def count_generate(team, per_prompt: int = 2) -> list[list[int]]:
+    """Wrap every agent model's ``generate``; returns per agent the number of prompts of each call (rows times
+    ``num_return_sequences`` over ``per_prompt``, the completions per prompt: the engine hands ``generate`` each
+    prompt row repeated once per completion)."""
     calls: list[list[int]] = [[] for _ in range(team.num_agents)]
     for a, model in enumerate(team.models):
         assert team.models.count(model) == 1, "the test needs one model object per agent"
         original = model.generate
 
         def wrapped(*args, _a=a, _orig=original, **kw):
-            calls[_a].append(int(kw["input_ids"].shape[0]))
+            rows = int(kw["input_ids"].shape[0]) * kw.get("num_return_sequences", 1)
+            assert rows % per_prompt == 0, (rows, per_prompt)
+            calls[_a].append(rows // per_prompt)
             return _orig(*args, **kw)
 
         model.generate = wrapped
@@ -112,7 +116,7 @@ def test_rollouts_are_reproducible_for_a_fixed_seed(tiny_model_dir):
 def test_multiturn_evaluation_samples_every_path_of_a_turn_at_once(tiny_model_dir):
     tr = make_trainer(tiny_model_dir, ITEMS, num_turns=2)
     dm = tr.datamodule
-    calls = count_generate(tr.team)
+    calls = count_generate(tr.team, per_prompt=1)  # every evaluated path is a prompt of its own
     out = tr.module.evaluate_turns(ITEMS[:3], dm.formatters, dm.oracle, plain_transition, samples_per_item=2)
     assert calls == [[6, 6], [6, 6]]  # per agent one call per turn, 3 items x 2 samples
     assert set(out) == {"eval/turn_1/reward_mean", "eval/turn_1/expected_return", "eval/turn_2/reward_mean",
@@ -145,7 +149,7 @@ def test_actor_critic_episodes_of_a_batch_share_each_turn_call(tiny_model_dir, m
     args = MAACConfig(**small) if maac else IACConfig(use_separate_critic=False, **small)
     m = ActorCriticModule(agent_model=tiny_model_dir, args=args)
     m.bind_task(FORMATTERS, RewardOracle(cooperative_reward), plain_transition)
-    calls = count_generate(m.team)
+    calls = count_generate(m.team, per_prompt=1)  # num_generations=1: one episode per item
     episodes = m.collect_batch(list(enumerate(ITEMS[:3])))
     assert calls == [[3, 3], [3, 3]]  # per agent one call per turn covering the 3 episodes
     assert [len(e) for e in episodes] == [2 * 2] * 3
