@@ -20,10 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch.utils.data import DataLoader
 
-from comlrl_lightning.data.preference import EpochPermutation, PreferenceDataModule, _PairList, check_pairs
+from comlrl_lightning.data.preference import PreferenceDataModule, check_pairs, pair_loader
 from comlrl_lightning.distributed import broadcast_object, world
 from comlrl_lightning.preferences import PreferencePair
 from comlrl_lightning.protocols import Comparator, check_protocol
@@ -158,11 +157,8 @@ class IterativePreferenceDataModule(PreferenceDataModule):
     def train_dataloader(self) -> DataLoader:
         if not self.pairs:
             return DataLoader([{"empty_round": True}], batch_size=None)
-        epoch = self.trainer.current_epoch if self.trainer is not None else 0
-        sampler = EpochPermutation(len(self.pairs), int(self.seed) * 100_003 + int(epoch))
-        # a private generator keeps DataLoader's worker-seed draw off the global torch RNG
-        return DataLoader(_PairList(self.pairs), batch_size=self.batch_size, sampler=sampler,
-                          generator=torch.Generator().manual_seed(0), collate_fn=self.collate, num_workers=0)
+        # the round's pairs in a (seed, epoch) permutation; the loader resumes mid-round (docs/guide.md §1.1)
+        return pair_loader(self.pairs, self.batch_size, self.seed, self.trainer, self.collate)
 
     def state_dict(self) -> dict[str, Any]:
         return {

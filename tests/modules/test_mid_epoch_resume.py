@@ -12,11 +12,12 @@ from conftest import cpu_trainer_kwargs
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 
-from comlrl_lightning.config import IACConfig, MAACConfig, MADPOConfig
+from comlrl_lightning.config import IACConfig, MAACConfig, MADPOConfig, MADPOIterConfig
 from comlrl_lightning.config_rl import MAGRPOConfig
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.multiturn.transitions import plain_transition
 from comlrl_lightning.trainers.actor_critic import IACTrainer, MAACTrainer
+from comlrl_lightning.trainers.iterative import MADPOIterTrainer
 from comlrl_lightning.trainers.preference import MADPOTrainer
 from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 
@@ -54,6 +55,10 @@ FAMILIES = {
         k: v for k, v in COMMON.items() if k != "top_k"}), shuffle=True, extra={}),
     "maac": lambda: dict(cls=MAACTrainer, args=MAACConfig(rollout_buffer_size=2, critic_learning_rate=1e-2, logging_steps=3, **{
         k: v for k, v in COMMON.items() if k != "top_k"}), shuffle=True, extra={}),
+    "madpo-iter": lambda: dict(cls=MADPOIterTrainer, args=MADPOIterConfig(
+        num_iterations=2, preference_num_candidates=3, preference_pairs_per_sample=2, train_batch_size=2,
+        logging_steps=6, **{**{k: v for k, v in COMMON.items() if k != "num_train_epochs"}, "max_new_tokens": 6}),
+        shuffle=False, extra={}),
     "madpo": lambda: dict(cls=MADPOTrainer, args=MADPOConfig(
         preference_num_candidates=3, preference_pairs_per_sample=2, train_batch_size=2, logging_steps=6, **{
             **COMMON, "max_new_tokens": 6}), shuffle=False, extra={}),
@@ -104,8 +109,10 @@ def runs(request, tiny_model_dir, tmp_path_factory):
     saving.train()
     batches = full.trainer.num_training_batches
     resumed = []
+    # the iterative trainer resumes where its round files are, as a user does (its checkpoint names them)
+    folder = root / ("saving" if family == "madpo-iter" else "resumed")
     for path in mid_epoch_checkpoints(root / "ckpt", batches):
-        t, log = build(family, tiny_model_dir, default_root_dir=str(root / "resumed"))
+        t, log = build(family, tiny_model_dir, default_root_dir=str(folder))
         t.train(ckpt_path=str(path))
         resumed.append((path, t, log))
     return {"family": family, "full": full, "full_log": full_log, "saving": saving, "resumed": resumed,
