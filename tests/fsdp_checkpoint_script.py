@@ -1,17 +1,16 @@
 """FSDP2 checkpoints on CPU processes (gloo), run by tests/components/test_fsdp.py.
 
-Usage: ``fsdp_checkpoint_script.py OUT MODEL FIT MODE [DEVICES] [CKPT]``. FIT: ``magrpo`` (2-turn MAGRPO, 2 agents) or
-``madpo_iter`` (MADPOIter, one round per epoch, replay of every round), under ``ModelParallelStrategy()``, a sharded
-(distributed) checkpoint at the end of every epoch:
+Usage: ``fsdp_checkpoint_script.py OUT MODEL FIT MODE [DEVICES] [CKPT]``. FIT: ``madpo_iter`` (MADPOIter, one round
+per epoch, replay of every round) or ``magrpo`` (2-turn MAGRPO), 2 agents, under ``ModelParallelStrategy()``, a
+sharded (distributed) checkpoint at the end of every epoch:
 
-* ``full``: 2 epochs uninterrupted, checkpoints under ``OUT/ckpt``;
-* ``resume``: resume ``CKPT`` (the epoch-0 checkpoint of ``full``) and train to 2 epochs;
-* ``export``: 1 epoch, then ``save_agents`` (refused: one rank cannot save a sharded agent), then every rank calls
-  ``save_team`` into ``OUT/agents``.
+* ``full``: 2 epochs uninterrupted, checkpoints under ``OUT/ckpt``; then ``save_agents`` (refused: one rank cannot
+  save a sharded agent) and every rank calls ``save_team`` into ``OUT/agents``;
+* ``resume``: resume ``CKPT`` (the epoch-0 checkpoint of ``full``) and train to 2 epochs.
 
 ``DEVICES`` (default 2) is the number of processes. Each rank writes ``OUT/MODE_rank{r}.pt``: every agent's weights
-gathered whole (float64), the global step, the world size and the refusal's message (export); a run that fails
-writes the error's text to ``OUT/MODE_error.txt`` (rank 0) and exits with status 3.
+gathered whole (float64), the global step, the world size and the refusal's message (full); a run that fails writes
+the error's text to ``OUT/MODE_error.txt`` (rank 0) and exits with status 3.
 """
 import os
 import sys
@@ -30,14 +29,14 @@ out_dir, model_dir, fit, mode = sys.argv[1:5]
 devices = int(sys.argv[5]) if len(sys.argv) > 5 else 2
 ckpt = sys.argv[6] if len(sys.argv) > 6 else None
 items = [{"prompt": f"Topic: {t}."} for t in ("rivers", "bread", "trains", "music")]
-epochs = 1 if mode == "export" else 2
+epochs = 2
 sampling = dict(max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-2, eval_interval=0,
                 eval_num_samples=0, seed=0)
 callbacks = [ModelCheckpoint(dirpath=os.path.join(out_dir, "ckpt"), filename="{epoch}", every_n_epochs=1,
-                             save_top_k=-1, save_on_train_epoch_end=True)] if mode != "export" else []
+                             save_top_k=-1, save_on_train_epoch_end=True)]
 tk = dict(accelerator="cpu", devices=devices, strategy=ModelParallelStrategy(), enable_progress_bar=False,
           enable_model_summary=False, logger=False, default_root_dir=out_dir, callbacks=callbacks,
-          enable_checkpointing=mode != "export")
+          enable_checkpointing=True)
 common = dict(agent_model=model_dir, train_dataset=items, reward_func=cooperative_reward, formatters=FORMATTERS)
 if fit == "magrpo":
     args = MAGRPOConfig(num_turns=2, num_generations=2, train_batch_size=2, rollout_buffer_size=2,
@@ -56,7 +55,7 @@ except Exception as exc:  # noqa: BLE001 - the test reads the message
             f.write(f"{type(exc).__name__}: {exc}")
     sys.exit(3)
 refused = None
-if mode == "export":
+if mode == "full":
     from comlrl_lightning.sharding import save_team
 
     try:  # one rank's save_pretrained of a sharded agent: a clear error, not a hang

@@ -50,23 +50,21 @@ def _check(ranks, name):
 @pytest.mark.slow
 def test_fsdp2_equals_ddp_and_shards_half_for_every_family(tiny_model_dir, tmp_path):
     """On 2 gloo processes, 2-turn MAGRPO, IAC (separate critics), MAAC (one shared critic), MADPO (clipping,
-    accumulation over 2 batches), MADPOIter (2 rounds) and MARLHF (a replicated reward model, then RL): every trained
-    parameter is a DTensor, each rank holds half of every agent, and the fit ends with the weights of strategy="ddp"
-    from the same seed (generation gathers each agent whole)."""
-    ranks = _fit_both(tiny_model_dir, tmp_path, list(MEMBERS))
+    accumulation over 2 batches), MADPOIter (2 rounds), MARLHF (a replicated reward model, then RL) and MAGRPO with
+    LoRA on one base: every trained parameter is a DTensor, each rank holds half of every agent, and the fit ends
+    with the weights of strategy="ddp" from the same seed (generation gathers each agent whole)."""
+    ranks = _fit_both(tiny_model_dir, tmp_path, [*MEMBERS, "magrpo_lora"])
     for name in MEMBERS:
         _check(ranks, name)
+    _check_lora(ranks, tiny_model_dir, tmp_path)
 
 
-@pytest.mark.slow
-def test_fsdp2_lora_shards_the_base_once_and_equals_ddp(tiny_model_dir, tmp_path):
-    """2 LoRA agents on one frozen base under FSDP2: the base is sharded once (half per rank) and stays frozen, each
-    adapter (its own optimizer) is sharded and ends equal to strategy="ddp"; save_team writes peft adapter folders
-    holding the trained adapters."""
+def _check_lora(ranks, tiny_model_dir, tmp_path):
+    """2 LoRA agents on one frozen base: the base is sharded once (half per rank) and stays frozen, each adapter (its
+    own optimizer) is sharded and ends equal to strategy="ddp"; save_team wrote peft folders of the trained adapters."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    ranks = _fit_both(tiny_model_dir, tmp_path, ["magrpo_lora"])
     ddp, fsdp = ranks[0]["magrpo_lora/ddp"], ranks[0]["magrpo_lora/fsdp2"]
     assert fsdp["param_type"] == "DTensor" and fsdp["global_step"] == ddp["global_step"] > 0
     for r in (0, 1):
@@ -83,7 +81,7 @@ def test_fsdp2_lora_shards_the_base_once_and_equals_ddp(tiny_model_dir, tmp_path
         assert torch.equal(exported, adapters[i])
 
 
-def _checkpoint_run(tiny_model_dir, tmp_path, mode, devices=2, ckpt=None, fit="magrpo"):
+def _checkpoint_run(tiny_model_dir, tmp_path, mode, devices=2, ckpt=None, fit="madpo_iter"):
     argv = [sys.executable, str(TESTS / "fsdp_checkpoint_script.py"), str(tmp_path), tiny_model_dir, fit, mode,
             str(devices)]
     out = subprocess.run(argv + ([ckpt] if ckpt else []), capture_output=True, text=True, timeout=300, env=ENV,
@@ -92,52 +90,48 @@ def _checkpoint_run(tiny_model_dir, tmp_path, mode, devices=2, ckpt=None, fit="m
     return out, (error.read_text() if error.exists() else None)
 
 
-def _resume_equals_uninterrupted(tiny_model_dir, tmp_path, fit) -> Path:
-    out, error = _checkpoint_run(tiny_model_dir, tmp_path, "full", fit=fit)
+@pytest.mark.slow
+def test_fsdp2_madpo_iter_resume_equals_uninterrupted(tiny_model_dir, tmp_path):
+    """MADPOIter under FSDP2, 2 rounds, writes distributed checkpoints (one shard file per rank); resuming the round-0
+    checkpoint (round files, replay and per-rank streams in meta.pt; the agents' and optimizers' shards) ends with the
+    uninterrupted run's weights and global step."""
+    out, error = _checkpoint_run(tiny_model_dir, tmp_path, "full")
     assert out.returncode == 0 and error is None, (error, out.stderr[-3000:])
     first = tmp_path / "ckpt" / "epoch=0.ckpt"
     assert {"__0_0.distcp", "__1_0.distcp", "meta.pt"} <= {p.name for p in first.iterdir()}  # a shard per rank
-    out, error = _checkpoint_run(tiny_model_dir, tmp_path, "resume", ckpt=str(first), fit=fit)
+    out, error = _checkpoint_run(tiny_model_dir, tmp_path, "resume", ckpt=str(first))
     assert out.returncode == 0 and error is None, (error, out.stderr[-3000:])
     for r in (0, 1):
         full, resumed = torch.load(tmp_path / f"full_rank{r}.pt"), torch.load(tmp_path / f"resume_rank{r}.pt")
         assert resumed["global_step"] == full["global_step"] > 0 and resumed["world"] == 2
         for a, b in zip(full["weights"], resumed["weights"]):
             torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
-    return first
 
 
 @pytest.mark.slow
-def test_fsdp2_madpo_iter_resume_equals_uninterrupted(tiny_model_dir, tmp_path):
-    """MADPOIter under FSDP2, 2 rounds: resuming the round-0 distributed checkpoint (round files, replay, per-rank
-    streams in meta.pt; the agents' and optimizers' shards) ends with the uninterrupted run's weights."""
-    _resume_equals_uninterrupted(tiny_model_dir, tmp_path, "madpo_iter")
-
-
-@pytest.mark.slow
-def test_fsdp2_sharded_checkpoint_resume_world_size_and_export(tiny_model_dir, tmp_path):
-    """MAGRPO under FSDP2 writes distributed checkpoints (one shard file per rank); resuming the epoch-0 checkpoint
-    ends with the weights and global step of the uninterrupted 2-epoch run; resuming it on 1 process is refused,
-    naming both world sizes; save_team writes ordinary from_pretrained folders holding the trained weights."""
+def test_fsdp2_world_size_refusal_and_export(tiny_model_dir, tmp_path):
+    """A MAGRPO FSDP2 checkpoint resumed on 1 process is refused, naming both world sizes; save_agents from one rank
+    is refused naming save_team, which writes ordinary from_pretrained folders holding the trained weights."""
     from transformers import AutoModelForCausalLM
 
-    first = _resume_equals_uninterrupted(tiny_model_dir, tmp_path, "magrpo")
-
-    out, error = _checkpoint_run(tiny_model_dir, tmp_path, "resume", devices=1, ckpt=str(first))
+    out, error = _checkpoint_run(tiny_model_dir, tmp_path, "full", fit="magrpo")
+    assert out.returncode == 0 and error is None, (error, out.stderr[-3000:])
+    out, error = _checkpoint_run(tiny_model_dir, tmp_path, "resume", devices=1, fit="magrpo",
+                                 ckpt=str(tmp_path / "ckpt" / "epoch=0.ckpt"))
     assert out.returncode == 3 and error is not None, out.stderr[-3000:]
     assert "world size 2" in error and "world size 1" in error and "relaunch with 2 processes" in error
 
-    out, error = _checkpoint_run(tiny_model_dir, tmp_path, "export")
-    assert out.returncode == 0 and error is None, (error, out.stderr[-3000:])
-    exported = torch.load(tmp_path / "export_rank0.pt")
-    assert "save_team" in exported["refused"] and "every rank" in exported["refused"]
+    full = torch.load(tmp_path / "full_rank0.pt")
+    assert "save_team" in full["refused"] and "every rank" in full["refused"]
+    initial = torch.cat([p.detach().double().reshape(-1)
+                         for p in AutoModelForCausalLM.from_pretrained(tiny_model_dir).parameters()])
     for i in (0, 1):
         folder = tmp_path / "agents" / f"agent_{i}"
         assert '"Qwen2ForCausalLM"' in (folder / "config.json").read_text()
         model = AutoModelForCausalLM.from_pretrained(folder)
         weights = torch.cat([p.detach().double().reshape(-1) for p in model.parameters() if p.requires_grad])
-        assert torch.equal(weights, exported["weights"][i])
-        assert not torch.equal(weights, torch.load(tmp_path / "full_rank0.pt")["weights"][i])  # not a stale file
+        assert torch.equal(weights, full["weights"][i])
+        assert not torch.equal(weights, initial)  # trained
 
 
 # --- mesh checks and what gets sharded ------------------------------------------------------------------------
