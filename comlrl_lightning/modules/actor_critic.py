@@ -100,9 +100,11 @@ class ActorCriticModule(TeamModuleBase):
         self.separate_critics = self.is_maac or bool(a.use_separate_critic)
         critic_dim = (model_config or {}).get("critic_value_head_hidden_dim") if self.is_maac \
             else a.critic_value_head_hidden_dim
-        built, heads, self.critic_names = build_critics(
-            self.method, self.separate_critics, self.team, agent_model, agents, critic_model, critics,
-            critic_model_name, model_config, critic_dim, None if self.is_maac else a.value_head_hidden_dim)
+        with torch.random.fork_rng(devices=[]):  # the value heads' initial weights are a function of `seed` alone
+            torch.manual_seed(a.seed)
+            built, heads, self.critic_names = build_critics(
+                self.method, self.separate_critics, self.team, agent_model, agents, critic_model, critics,
+                critic_model_name, model_config, critic_dim, None if self.is_maac else a.value_head_hidden_dim)
         self.critics, self.value_heads = nn.ModuleList(built), nn.ModuleList(heads)
         if isinstance(metrics_callback, str):
             from comlrl_lightning.data.tasks import resolve_callable

@@ -68,7 +68,6 @@ FAMILIES = {
 def build(family: str, model_dir: str, **trainer_kwargs):
     spec = FAMILIES[family]()
     logger = Recorder()
-    torch.manual_seed(0)  # the critics' value heads are initialised from the global generator
     t = spec["cls"](agent_model=model_dir, train_dataset=ITEMS, reward_func=cooperative_reward, formatters=FORMATTERS,
                     args=spec["args"], trainer_kwargs=cpu_trainer_kwargs(logger=logger, **trainer_kwargs),
                     **spec["extra"])
