@@ -94,7 +94,7 @@ def test_average_gradients_is_identity_without_process_group():
 # --- refused strategies -----------------------------------------------------------------------------------------
 def _routes(message: str) -> None:
     assert 'strategy="ddp"' in message and "LoRA" in message and "FSDP2" in message
-    assert "not built yet" in message and "docs/scaling.md" in message
+    assert "ModelParallelStrategy()" in message and "docs/scaling.md" in message
 
 
 def test_deepspeed_is_refused_with_the_route():
@@ -125,36 +125,20 @@ def test_ddp_and_single_device_pass():
     assert strategy_refusal(SingleDeviceStrategy("cpu")) is None
 
 
-def test_model_parallel_without_configure_model_is_refused_at_fit(tiny_model_dir, tmp_path):
-    """A real fit: the refusal comes from the module's first hook, before Lightning's own configure_model error."""
+def test_model_parallel_needs_configure_model():
+    """Every team module shards its agents in configure_model (tests/components/test_fsdp.py); a module without one
+    is refused with the routes."""
     import lightning as L
     from lightning.pytorch.strategies import ModelParallelStrategy
-
-    from comlrl_lightning.config import MAGRPOConfig
-    from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
-    from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
-
-    args = MAGRPOConfig(num_generations=2, max_new_tokens=4, train_batch_size=2, rollout_buffer_size=2,
-                        num_train_epochs=1, eval_interval=0, eval_num_samples=0)
-    tr = MAGRPOTrainer(agent_model=tiny_model_dir, train_dataset=[{"prompt": "Topic: owls."}] * 2,
-                       reward_func=cooperative_reward, formatters=FORMATTERS, args=args,
-                       trainer_kwargs=dict(accelerator="cpu", devices=1, strategy=ModelParallelStrategy(),
-                                           logger=False, enable_checkpointing=False, default_root_dir=tmp_path))
-    saved = dict(os.environ)
-    try:
-        with pytest.raises(ValueError, match="ModelParallelStrategy .FSDP2. needs the module to shard") as err:
-            tr.train()
-    finally:  # Lightning's launcher has set LOCAL_RANK, MASTER_PORT, ...: a later DDP subprocess would inherit them
-        os.environ.clear()
-        os.environ.update(saved)
-    _routes(str(err.value))
 
     class Prepared(L.LightningModule):
         def configure_model(self) -> None:
             pass
 
     assert strategy_refusal(ModelParallelStrategy(), Prepared()) is None
-    assert strategy_refusal(ModelParallelStrategy(), L.LightningModule()) is not None
+    message = strategy_refusal(ModelParallelStrategy(), L.LightningModule())
+    assert "needs the module to shard its models in configure_model()" in message
+    _routes(message)
 
 
 # --- multi-node pre-flight --------------------------------------------------------------------------------------
