@@ -332,7 +332,7 @@ class TeamModuleBase(L.LightningModule):
 
     def configure_callbacks(self) -> list:
         """A non-HF engine's shutdown hooks (teardown, exceptions, Ctrl-C; nothing with the HF engine) and the lock of
-        the round-file folder (:class:`~comlrl_lightning.callbacks.run_lock.RunFolderLock`).
+        the round-file folder (:class:`~comlrl_lightning.modules.run_lock.RunFolderLock`).
 
         Lightning calls this hook first in ``fit`` / ``validate`` / ``test``, before it initializes the process
         group: the strategy and the launch are checked here (:func:`~comlrl_lightning.strategies.preflight`), so a
@@ -340,7 +340,7 @@ class TeamModuleBase(L.LightningModule):
         process instead of a hang."""
         if self._trainer is not None:
             preflight(self._trainer, self)
-        from comlrl_lightning.callbacks.run_lock import RunFolderLock  # one run per round-file folder
+        from comlrl_lightning.modules.run_lock import RunFolderLock  # one run per round-file folder
 
         engine = self.team.engine
         if engine is None or getattr(engine, "name", "hf") == "hf":
