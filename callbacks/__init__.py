@@ -7,6 +7,7 @@ if __name__ != "comlrl_lightning.callbacks":
                       "Import comlrl_lightning.callbacks (e.g. `from comlrl_lightning.callbacks import "
                       "ExportAgents`) instead.")
 
+from comlrl_lightning.callbacks.best_agents import BestAgents
 from comlrl_lightning.callbacks.comparator_refresh import ComparatorRefresh
 from comlrl_lightning.callbacks.evaluation import TaskRewardEvaluation
 from comlrl_lightning.callbacks.export import ExportAgents
@@ -18,6 +19,6 @@ from comlrl_lightning.callbacks.progress import TeamProgressBar
 from comlrl_lightning.callbacks.replay_selection import ReplaySelection
 from comlrl_lightning.callbacks.reward_distribution import RewardDistributionLogger
 
-__all__ = ["ComparatorRefresh", "ExportAgents", "HistoryCheckpoint", "IterativePreferenceCollection",
+__all__ = ["BestAgents", "ComparatorRefresh", "ExportAgents", "HistoryCheckpoint", "IterativePreferenceCollection",
            "IterativeRewardModelFit", "LearnedRewardFit", "PreferenceCollection", "ReplaySelection",
            "RewardDistributionLogger", "ScoredPreferenceCollection", "TaskRewardEvaluation", "TeamProgressBar"]
