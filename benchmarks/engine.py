@@ -3,6 +3,7 @@
 Run in an environment with vLLM (``tools/install_vllm_env.sh``)::
 
     .venv-vllm/bin/python benchmarks/engine.py [--quick] [--models tiny,30m] [--threads N] [--fit]
+    .venv-vllm/bin/python benchmarks/engine.py --model-dir ~/.cache/comlrl_lightning/gguf/<digest>   # a real model
 
 Models (random weights, the embedded tokenizer, float32, built in a temporary folder):
 
@@ -10,6 +11,10 @@ Models (random weights, the embedded tokenizer, float32, built in a temporary fo
         / 2 KV heads (head size 32), 0.4 M parameters;
   30m   Qwen2, 10 layers, hidden 512, 8 heads / 4 KV heads (head size 64), intermediate 1536, tied embeddings:
         31.8 M parameters.
+
+``--model-dir PATH`` measures a Hugging Face folder instead (e.g. SmolLM2-135M-Instruct de-quantised by
+``comlrl_lightning.gguf`` into its cache: docs/models.md; the vLLM environment needs no ``gguf`` package to read
+that folder). Its prompts then go through the tokenizer's chat template when it has one.
 
 Team: 2 LoRA agents (r = 8) on one base, as ``lora={"r": 8}`` builds them (``--layout full``: one full-model
 agent instead). Workload per repetition (one tree
@@ -70,6 +75,7 @@ def build_model(name: str, folder: Path) -> str:
 
 def bench_generation(model_dir: str, args: argparse.Namespace) -> dict:
     from comlrl_lightning.agents import build_agents
+    from comlrl_lightning.data.tasks import chat_prompt
     from comlrl_lightning.engines import HFEngine, SampleRequest
     from comlrl_lightning.engines.vllm import VLLMEngine
     from comlrl_lightning.generation import SamplingSettings, SamplingStream
@@ -81,6 +87,8 @@ def bench_generation(model_dir: str, args: argparse.Namespace) -> dict:
     agents = range(team.num_agents)
     topics = ["rivers", "bread", "trains", "music", "maps", "clouds", "glass", "birds", "salt", "paper"]
     prompts = [f"Topic: {topics[i % len(topics)]} {i}." for i in range(args.prompts)]
+    if args.model_dir:  # a real instruct model: prompts as its chat template writes them
+        prompts = [chat_prompt(team.tokenizers[0], f"Write one sentence about {p}") for p in prompts]
     settings = SamplingSettings(max_new_tokens=args.tokens, temperature=1.0, top_p=1.0, top_k=None,
                                 extra={"min_new_tokens": args.tokens})
     vllm_kwargs = {"kv_cache_memory_bytes": 512 * 2**20, **args.vllm_kwargs}
@@ -145,6 +153,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--models", default="tiny,30m", help="comma-separated: tiny, 30m")
+    parser.add_argument("--model-dir", default=None, help="measure this Hugging Face model folder instead")
     parser.add_argument("--prompts", type=int, default=32, help="prompts per agent (default 32)")
     parser.add_argument("--candidates", type=int, default=4, help="samples per prompt (default 4)")
     parser.add_argument("--tokens", type=int, default=32, help="new tokens per sample (default 32)")
@@ -167,8 +176,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models.split(","):
-            model_dir = build_model(name, Path(tmp))
+        models = [Path(args.model_dir).name] if args.model_dir else args.models.split(",")
+        for name in models:
+            model_dir = args.model_dir or build_model(name, Path(tmp))
             r = bench_generation(model_dir, args)
             team = "2 LoRA agents" if args.layout == "lora" else "1 full-model agent"
             print(f"[{name}] {team} x {args.prompts} prompts x {args.candidates} samples x {args.tokens} "
