@@ -223,7 +223,7 @@ def _make_cli_class(want_help: bool = False):
 
         def before_instantiate_classes(self) -> None:
             # An empty dataset file is named here, before the data module's loader stops on it without a word.
-            from comlrl_lightning.trainers.common import check_not_empty
+            from comlrl_lightning.trainers.common import check_args_kept, check_not_empty
 
             config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
             data = config.get("data") or {}
@@ -232,6 +232,7 @@ def _make_cli_class(want_help: bool = False):
                 value = init.get(name) if hasattr(init, "get") else None
                 if value is not None:
                     check_not_empty(value, f"data.init_args.{name}")
+            check_args_kept(config)
 
         def before_fit(self) -> None:
             args = getattr(self.model, "args", None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -90,3 +91,37 @@ def wandb_logger(wandb_config: dict, args: Any, algorithm: str) -> Any:
     kwargs = {k: cfg[k] for k in ("project", "entity", "tags", "id", "resume") if cfg.get(k) is not None}
     name = cfg.get("name", cfg.get("run_name"))
     return WandbLogger(name=name, save_dir=cfg.get("dir") or ".", config=run_config, **kwargs)
+
+
+def check_args_kept(config: Any) -> None:
+    """Refuse a parse that dropped options of ``model.init_args.args`` given in a ``--config`` file.
+
+    ``args`` of MADPOModule is ``MADPOConfig | MADPOIterConfig``: jsonargparse picks the type by the fields given.
+    A command-line override of one of its fields (``--model.init_args.args.max_new_tokens=4``) is re-read on its own,
+    where the first type of the union fits, and the fields only the other type has (``num_iterations``,
+    ``comparator_policy``, ...) are silently reset. That is an error here, naming the fields and the fix."""
+    import yaml
+
+    parsed = (config.get("model") or {}).get("init_args", {}).get("args") if hasattr(config, "get") else None
+    if parsed is None:
+        return
+    kept = set(vars(parsed)) if hasattr(parsed, "__dict__") else set(getattr(parsed, "keys", lambda: [])())
+    lost: dict[str, str] = {}
+    for path in config.get("config") or []:
+        read = getattr(path, "get_content", None)
+        try:
+            doc = yaml.safe_load(read() if read else Path(str(path)).read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        args = ((((doc or {}).get("model") or {}).get("init_args") or {}).get("args") or {}) \
+            if isinstance(doc, dict) else {}
+        for key in args if isinstance(args, dict) else []:
+            if key not in kept and key != "class_path":
+                lost[key] = str(path)
+    if lost:
+        names = ", ".join(sorted(lost))
+        raise ValueError(
+            f"model.init_args.args lost {names} (set in {sorted(set(lost.values()))[0]}): a command-line override "
+            "of one field made the parser re-read the config as another type, which resets them. Give the change in a "
+            "second config file instead, e.g. --config override.yaml holding model: {init_args: {args: "
+            "{max_new_tokens: 4}}}: files are merged field by field.")
