@@ -88,12 +88,13 @@ CHECKPOINT_DIGEST_KEY = "comlrl_digest"
 
 
 def _sealed_parts(module: L.LightningModule, checkpoint: dict, datamodule_key: str | None) -> dict:
-    """What the checkpoint digest covers: the weights, the callbacks' and the data module's state, our counters.
-    Sharded weights (FSDP2) are not: each rank holds its own shards, which Lightning writes as a distributed
-    checkpoint outside the file the digest lives in."""
+    """What the checkpoint digest covers: the weights, the callbacks' and the data module's state, our counters, every
+    rank's rollout buffers and streams, the logging gates. Sharded weights (FSDP2) are not: each rank holds its own
+    shards, which Lightning writes as a distributed checkpoint outside the file the digest lives in."""
     from comlrl_lightning.sharding import is_sharded
 
-    keys = ("callbacks", "comlrl_progress") if is_sharded(module) else ("state_dict", "callbacks", "comlrl_progress")
+    ours = ("callbacks", "comlrl_progress", "comlrl_rank_states", "comlrl_logging_gates")
+    keys = ours if is_sharded(module) else ("state_dict", *ours)
     parts = {k: checkpoint.get(k) for k in keys}
     if datamodule_key is not None:
         parts["datamodule"] = checkpoint.get(datamodule_key)

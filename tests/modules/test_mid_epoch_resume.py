@@ -115,7 +115,7 @@ def runs(request, tiny_model_dir, tmp_path_factory):
         t.train(ckpt_path=str(path))
         resumed.append((path, t, log))
     return {"family": family, "full": full, "full_log": full_log, "saving": saving, "resumed": resumed,
-            "batches": batches}
+            "batches": batches, "tiny_model_dir": tiny_model_dir}
 
 
 def test_checkpoints_inside_both_epochs_were_taken(runs):
@@ -172,3 +172,22 @@ def test_rounds_refuse_a_checkpoint_before_a_rounds_end_and_warn_without_a_loade
         warnings.simplefilter("always")
         make_trainer(tiny_model_dir, tmp_path, args=args, num_items=2).train(ckpt_path=str(inside[0]))
     assert any("holds no position" in str(w.message) for w in caught) != positioned
+
+
+@pytest.mark.parametrize("part", ["comlrl_rank_states", "comlrl_logging_gates"])
+def test_an_edited_rank_state_or_logging_gate_is_refused(runs, part, tmp_path):
+    """The checkpoint digest covers every rank's buffers and streams and the logging gates (docs/guide.md §1.1)."""
+    path = runs["resumed"][0][0]
+    ckpt = torch.load(path, weights_only=False)
+    if part not in ckpt:
+        pytest.skip(f"{runs['family']} keeps no {part}")
+    if part == "comlrl_logging_gates":
+        ckpt[part] = {name: (value + 1 if isinstance(value, int) else value) for name, value in ckpt[part].items()}
+        assert ckpt[part], "the family must have logging gates for the test to mean anything"
+    else:
+        ckpt[part] = [dict(state, edited=True) for state in ckpt[part]]
+    edited = tmp_path / "edited.ckpt"
+    torch.save(ckpt, edited)
+    t, _ = build(runs["family"], runs["tiny_model_dir"], default_root_dir=str(tmp_path / "run"))
+    with pytest.raises(ValueError, match=f"corrupt.*{part}"):
+        t.train(ckpt_path=str(edited))
