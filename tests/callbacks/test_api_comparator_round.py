@@ -141,6 +141,17 @@ def test_cli_saved_config_has_no_literal_key(tmp_path, monkeypatch):
 
     root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:  # max_epochs=0 trains nothing: the CLI says so and exits 3
+        _fit_nothing(main, root)
+    assert stop.value.code == 3
+    saved = list(tmp_path.rglob("config.yaml"))
+    assert saved
+    text = saved[0].read_text()
+    assert KEY not in text
+    assert yaml.safe_load(text)["model"]["init_args"]["args"]["comparator_api_url"] == "http://127.0.0.1:9/x"
+
+
+def _fit_nothing(main, root):
     main(["fit", "--config", str(root / "configs/madpo/tiny.yaml"), "--trainer.max_epochs=0",
           "--model.init_args.args.preference_num_candidates=2", "--model.init_args.args.max_new_tokens=2",
           "--data.init_args.train_dataset=builtin:cooperative_eval", "--trainer.enable_progress_bar=false",
@@ -149,8 +160,3 @@ def test_cli_saved_config_has_no_literal_key(tmp_path, monkeypatch):
           "--model.init_args.args.comparator_policy=api",
           "--model.init_args.args.comparator_api_url=http://127.0.0.1:9/x",
           f"--model.init_args.args.comparator_api_key={KEY}"])
-    saved = list(tmp_path.rglob("config.yaml"))
-    assert saved
-    text = saved[0].read_text()
-    assert KEY not in text
-    assert yaml.safe_load(text)["model"]["init_args"]["args"]["comparator_api_url"] == "http://127.0.0.1:9/x"

@@ -43,9 +43,10 @@ def test_two_turn_magrpo_with_level_feedback(tiny_model_dir):
                        reward_func=code_reward_func, formatters=FORMATTERS, external_transition=spy, args=args,
                        trainer_kwargs=cpu_trainer_kwargs())
     metrics = tr.train()
-    # aligned, K=2: per item 2 joint actions at turn 1, each transitioned once; plus the final evaluation's
-    # single path on the one eval item
-    assert len(spy.calls) == 2 * len(items) + 1
+    # aligned, K=2: per item 2 joint actions at turn 1, each transitioned once; plus the final evaluation's paths
+    # on the one eval item (one per evaluation sample: the facade's samples_per_item, 8 as in the YAML configs)
+    assert tr.evaluation.samples_per_item == 8
+    assert len(spy.calls) == 2 * len(items) + tr.evaluation.samples_per_item
     for _prompt, completions, (aux_prompt, main_prompt) in spy.calls:
         assert len(completions) == 2
         # level_feedback reports the static checks and the sandboxed test outcome to each agent
