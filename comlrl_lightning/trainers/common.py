@@ -94,18 +94,24 @@ def wandb_logger(wandb_config: dict, args: Any, algorithm: str) -> Any:
 
 
 def check_args_kept(config: Any) -> None:
-    """Refuse a parse that dropped options of ``model.init_args.args`` given in a ``--config`` file.
+    """Warn when a parse dropped options of ``model.init_args.args`` given in a ``--config`` file.
 
-    ``args`` of MADPOModule is ``MADPOConfig | MADPOIterConfig``: jsonargparse picks the type by the fields given.
-    A command-line override of one of its fields (``--model.init_args.args.max_new_tokens=4``) is re-read on its own,
-    where the first type of the union fits, and the fields only the other type has (``num_iterations``,
-    ``comparator_policy``, ...) are silently reset. That is an error here, naming the fields and the fix."""
+    ``args`` of MADPOModule is ``MADPOConfig | MADPOIterConfig`` (MARLHF's likewise): jsonargparse picks the type by
+    the fields given. A command-line override of one of its fields (``--model.init_args.args.max_new_tokens=4``) is
+    re-read on its own, where the first type of the union fits, and the fields only the other type has
+    (``num_iterations``, ``comparator_policy``, ...) are reset to their defaults. The warning names them and the fix
+    (a second config file, which jsonargparse merges field by field)."""
+    import warnings
+
     import yaml
 
     parsed = (config.get("model") or {}).get("init_args", {}).get("args") if hasattr(config, "get") else None
     if parsed is None:
         return
     kept = set(vars(parsed)) if hasattr(parsed, "__dict__") else set(getattr(parsed, "keys", lambda: [])())
+    init = getattr(parsed, "init_args", None)
+    if init is not None and hasattr(init, "__dict__"):  # the class_path / init_args form
+        kept |= set(vars(init))
     lost: dict[str, str] = {}
     for path in config.get("config") or []:
         read = getattr(path, "get_content", None)
@@ -115,13 +121,15 @@ def check_args_kept(config: Any) -> None:
             continue
         args = ((((doc or {}).get("model") or {}).get("init_args") or {}).get("args") or {}) \
             if isinstance(doc, dict) else {}
-        for key in args if isinstance(args, dict) else []:
-            if key not in kept and key != "class_path":
+        if not isinstance(args, dict) or "class_path" in args:  # the type is named: nothing is re-guessed
+            continue
+        for key in args:
+            if key not in kept:
                 lost[key] = str(path)
     if lost:
         names = ", ".join(sorted(lost))
-        raise ValueError(
+        warnings.warn(
             f"model.init_args.args lost {names} (set in {sorted(set(lost.values()))[0]}): a command-line override "
-            "of one field made the parser re-read the config as another type, which resets them. Give the change in a "
-            "second config file instead, e.g. --config override.yaml holding model: {init_args: {args: "
-            "{max_new_tokens: 4}}}: files are merged field by field.")
+            "of one field made the parser re-read the config as another type, which resets them to their defaults. "
+            "Give the change in a second config file instead, e.g. --config override.yaml holding model: "
+            "{init_args: {args: {max_new_tokens: 4}}}: files are merged field by field.", UserWarning, stacklevel=2)
