@@ -22,6 +22,9 @@ every (prompt, candidate) row gets its own seed derived from it (a shared seed w
 The engine starts on the first generation (once per fit: the team module closes it at the end of the run, on an
 exception and on Ctrl-C); scripts that use it need an ``if __name__ == "__main__":`` guard (vLLM spawns its
 engine processes).
+
+Watching the engine processes for a death, stopping them and the ``/dev/shm`` clean-up (everything that reads vLLM's
+private attributes) live in :mod:`.vllm_process`.
 """
 
 from __future__ import annotations
@@ -31,13 +34,13 @@ import os
 import random
 import shutil
 import tempfile
-import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from comlrl_lightning.engines import vllm_process
 from comlrl_lightning.engines.base import SampleRequest
+from comlrl_lightning.engines.vllm_process import EngineError, engine_dead_error, is_engine_dead
 from comlrl_lightning.generation import Samples, SamplingSettings, SamplingStream, cut_at_pad, encode_prompts
 
 #: Head sizes the CPU attention backend of vLLM 0.32 supports (a model with another size crashes at its first
@@ -62,10 +65,6 @@ CPU_DEFAULTS = {"kv_cache_memory_bytes": 256 * 2**20, "enforce_eager": True, "en
 #: Worker mix-in (every engine): reloads full weights (and a tied ``lm_head``) in vLLM's worker process and, on
 #: CPU, runs LoRA adapters through the grouped ops of :mod:`.vllm_lora_ops`.
 WORKER_EXTENSION = "comlrl_lightning.engines.vllm_worker.WeightSyncExtension"
-
-
-class EngineError(RuntimeError):
-    """A vLLM engine could not start or died (the message names the engine and what to do)."""
 
 
 def head_size_of(config: Any) -> int:
@@ -115,47 +114,12 @@ class _Server:
         self.workers: list[Any] = []  # psutil processes under the engine core (they outlive a killed core)
 
     def watch(self, poll: float = 0.2) -> None:
-        """A daemon thread that wakes every call blocked on a dead engine. vLLM's synchronous client marks the engine
-        dead when its core process exits, but two kinds of call already waiting would wait forever:
-
-        * a ``generate`` waiting for outputs: it is handed an ``EngineDeadError`` through the client's output queue;
-        * a utility call (adapter removal, weight reload, prefix-cache reset): it waits on a future that only the
-          dead core could answer, with no timeout. Every pending future is failed with ``EngineDeadError``, and
-          again every ``poll`` seconds until the engine is closed, so a call that registered its future just after
-          the death (it passed the alive check a moment before) is failed too.
-        """
-        client = self.llm.llm_engine.engine_core
-        manager = getattr(getattr(client, "resources", None), "engine_manager", None)
-        processes = list(getattr(manager, "processes", []) or [])
-        queue = getattr(client, "outputs_queue", None)
-        if not processes or queue is None:
-            return
-        import psutil
-
-        for proc in processes:
-            try:
-                self.workers += psutil.Process(proc.pid).children(recursive=True)
-            except psutil.Error:
-                pass
-
-        def run() -> None:
-            from multiprocessing.connection import wait
-
-            wait([p.sentinel for p in processes])
-            if self.closing:
-                return
-            self.died = True
-            queue.put_nowait(_engine_dead_error())
-            while not self.closing:
-                fail_pending(getattr(client, "utility_results", None) or {})
-                time.sleep(poll)
-
-        threading.Thread(target=run, daemon=True, name=f"comlrl-vllm-watch-{self.label}").start()
+        """Start the thread that wakes every call blocked on this engine's death (:func:`.vllm_process.watch`)."""
+        vllm_process.watch(self, poll)
 
     def dead(self) -> bool:
         """True once the engine core process exited unasked (seen by :meth:`watch` or by vLLM's own monitor)."""
-        client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
-        return self.died or bool(getattr(getattr(client, "resources", None), "engine_dead", False))
+        return vllm_process.is_dead(self)
 
 
 class VLLMEngine:
@@ -206,7 +170,7 @@ class VLLMEngine:
         if self.started:
             return
         self.workdir = Path(tempfile.mkdtemp(prefix="comlrl-vllm-", dir=self.workdir_root))
-        self._shm_before = _shm_names()
+        self._shm_before = vllm_process.shm_names()
         try:
             if self.lora:
                 model = self.team.models[0]
@@ -280,9 +244,7 @@ class VLLMEngine:
             check_head_size(config, f"The model of the vLLM engine for {server.label} ({server.folder})")
         from vllm import LLM
 
-        # vLLM's engine core kills a worker that has not exited 5 s after shutdown, and a killed worker leaves its
-        # shared memory behind; on a loaded 2-core machine workers took longer (read when the core starts).
-        os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "30")
+        vllm_process.set_worker_shutdown_timeout()
         try:
             server.llm = LLM(model=server.folder, **self._llm_kwargs(server))
         except Exception as exc:
@@ -298,12 +260,12 @@ class VLLMEngine:
             llm, server.llm = server.llm, None
             if llm is None:
                 continue
-            _shutdown(llm)
-            _stop(server.workers)
+            vllm_process.shutdown(llm)
+            vllm_process.stop(server.workers)
             del llm
         gc.collect()
         if servers:  # what a killed engine process (core or worker) could not free
-            _unlink_orphan_shm(self._shm_before)
+            vllm_process.unlink_orphan_shm(self._shm_before)
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
@@ -488,10 +450,10 @@ class VLLMEngine:
         """``fn(*args, **kwargs)`` with an engine failure turned into an :class:`EngineError` naming the engine."""
         try:
             if server.dead():
-                raise _engine_dead_error()
+                raise engine_dead_error()
             return fn(*args, **kwargs)
         except Exception as exc:
-            if _is_engine_dead(exc):
+            if is_engine_dead(exc):
                 raise EngineError(f"The vLLM engine for {server.label} ({server.folder}) died "
                                   f"({type(exc).__name__}). Resume the run from its last checkpoint.") from exc
             raise
@@ -542,108 +504,6 @@ class AdapterSnapshotEngine:
                     self.parent._call(server, server.llm.llm_engine.remove_lora, request.lora_int_id)
 
 
-def _shutdown(llm: Any, timeout: float = 60.0) -> None:
-    """Stop an ``LLM``'s engine-core process and reap it; a dead engine is fine. The engine core is given
-    ``timeout`` seconds (vLLM's default is 5): it first waits for its workers, then frees the shared-memory queues,
-    and on a loaded 2-core machine a worker was seen taking more than 5 s to exit (the core was then killed and its
-    shared memory left behind)."""
-    client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-    manager = getattr(getattr(client, "resources", None), "engine_manager", None)
-    processes = list(getattr(manager, "processes", []) or [])
-    try:
-        if client is not None:
-            client.shutdown(timeout=timeout)
-    except Exception:  # noqa: BLE001 - a dead engine has nothing left to shut down
-        pass
-    for proc in processes:
-        proc.join(timeout)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(10)
-
-
-def _stop(processes: Sequence[Any], timeout: float = 10.0) -> None:
-    """Terminate, then kill, the psutil processes still running (workers orphaned by a killed engine core)."""
-    import psutil
-
-    alive = [p for p in processes if p.is_running()]
-    for p in alive:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(alive, timeout=timeout)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=timeout)
-
-
-def _shm_names() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
-
-def orphan_shm(before: set[str], prefixes: tuple[str, ...] | None = ("psm_", "sem.mp-")) -> list[str]:
-    """The ``/dev/shm`` entries created since ``before`` that no live process maps any more: what a killed vLLM
-    process leaves behind (entries of other live programs, e.g. another engine on the machine, are mapped and so
-    not counted). ``prefixes``: only names with these prefixes (default: the shared-memory segments and semaphores
-    of Python's multiprocessing, which vLLM uses); None: every name.
-
-    An entry is matched to the mappings of ``/proc/*/maps`` by its inode, not by its name: a POSIX named semaphore
-    is mapped under the temporary name it was created with (``/dev/shm/sem.XXXXXX (deleted)``) and only then linked
-    to its real name, so a name match would call every live semaphore an orphan."""
-    candidates: dict[int, str] = {}
-    for name in _shm_names() - before:
-        if prefixes is not None and not name.startswith(prefixes):
-            continue
-        try:
-            candidates[os.stat(f"/dev/shm/{name}").st_ino] = name
-        except OSError:  # removed meanwhile
-            pass
-    if not candidates:
-        return []
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            text = maps.read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            fields = line.split(None, 5)
-            if len(fields) == 6 and fields[5].startswith("/dev/shm/") and fields[4].isdigit():
-                candidates.pop(int(fields[4]), None)
-        if not candidates:
-            return []
-    return sorted(candidates.values())
-
-
-def _unlink_orphan_shm(before: set[str]) -> list[str]:
-    """Remove the :func:`orphan_shm` entries created since ``before``; returns their names."""
-    names = orphan_shm(before)
-    for name in names:
-        try:
-            os.unlink(f"/dev/shm/{name}")
-        except OSError:
-            pass
-    return names
-
-
-def _engine_dead_class() -> type[Exception]:
-    """vLLM's ``EngineDeadError`` class, or :class:`EngineError` where this vLLM does not have it."""
-    try:
-        from vllm.v1.engine.exceptions import EngineDeadError
-    except ImportError:  # other vLLM versions
-        return EngineError
-    return EngineDeadError
-
-
-def _engine_dead_error() -> Exception:
-    """An instance of :func:`_engine_dead_class` (the stand-in :class:`EngineError` says what happened)."""
-    cls = _engine_dead_class()
-    return EngineError("the engine core process died") if cls is EngineError else cls()
-
-
 def _sampled_logprobs(completion: Any) -> list[float] | None:
     """The log-prob vLLM reports for each sampled token (``logprobs=0``: the sampled token's only; raw log-probs,
     before temperature and top-k/top-p, vLLM's default ``logprobs_mode``), or None when it reports none."""
@@ -657,27 +517,3 @@ def _sampled_logprobs(completion: Any) -> list[float] | None:
             return None
         out.append(float(getattr(found, "logprob", found)))
     return out
-
-
-def fail_pending(futures: dict) -> int:
-    """Fail every future of ``futures`` (vLLM's pending utility calls, by call id) that is not done yet with an
-    engine-dead error; returns how many were failed. A future completed meanwhile is left as it is."""
-    from concurrent.futures import InvalidStateError
-
-    failed = 0
-    for future in list(futures.values()):
-        if future.done():
-            continue
-        try:
-            future.set_exception(_engine_dead_error())
-            failed += 1
-        except InvalidStateError:  # completed between the check and the call
-            pass
-    return failed
-
-
-def _is_engine_dead(exc: BaseException) -> bool:
-    """Whether ``exc`` says the engine core died: vLLM's ``EngineDeadError`` or, where this vLLM has no such class,
-    the plain :class:`EngineError` that :func:`_engine_dead_error` made in its place."""
-    return isinstance(exc, (EngineError, _engine_dead_class())) or "EngineDead" in type(exc).__name__
-

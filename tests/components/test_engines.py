@@ -193,7 +193,8 @@ def test_watch_fails_every_call_blocked_on_a_dead_engine_core():
     from concurrent.futures import Future
     from types import SimpleNamespace
 
-    from comlrl_lightning.engines.vllm import _Server, fail_pending
+    from comlrl_lightning.engines.vllm import _Server
+    from comlrl_lightning.engines.vllm_process import fail_pending
 
     done, pending = Future(), Future()
     done.set_result("ok")
@@ -226,7 +227,9 @@ def test_watch_fails_every_call_blocked_on_a_dead_engine_core():
 def test_a_dead_engine_is_named_with_or_without_vllms_dead_error_class():
     """Where vLLM has no ``EngineDeadError`` (always so without vLLM), the watch thread's stand-in error is still
     recognised as a death: the call raises the ``EngineError`` naming the engine, not the bare stand-in."""
-    from comlrl_lightning.engines.vllm import EngineError, VLLMEngine, _engine_dead_error, _is_engine_dead, _Server
+    from comlrl_lightning.engines.vllm import EngineError, VLLMEngine, _Server
+    from comlrl_lightning.engines.vllm_process import engine_dead_error as _engine_dead_error
+    from comlrl_lightning.engines.vllm_process import is_engine_dead as _is_engine_dead
 
     assert _is_engine_dead(_engine_dead_error()) and not _is_engine_dead(ValueError("bad input"))
     server = _Server([0], "folder", "agent 0")
@@ -253,7 +256,8 @@ def test_orphan_shm_counts_unmapped_entries_and_never_a_live_semaphore():
     import multiprocessing
     from multiprocessing import shared_memory
 
-    from comlrl_lightning.engines.vllm import _shm_names, orphan_shm
+    from comlrl_lightning.engines.vllm_process import orphan_shm
+    from comlrl_lightning.engines.vllm_process import shm_names as _shm_names
 
     before = _shm_names()
     lock = multiprocessing.get_context("spawn").Lock()  # a live named semaphore

@@ -20,7 +20,8 @@ from conftest import cpu_trainer_kwargs  # noqa: E402
 
 from comlrl_lightning.agents import build_agents  # noqa: E402
 from comlrl_lightning.engines import HFEngine, SampleRequest  # noqa: E402
-from comlrl_lightning.engines.vllm import EngineError, VLLMEngine, orphan_shm  # noqa: E402
+from comlrl_lightning.engines.vllm import EngineError, VLLMEngine  # noqa: E402
+from comlrl_lightning.engines.vllm_process import orphan_shm  # noqa: E402
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward  # noqa: E402
 from comlrl_lightning.generation import SamplingSettings, SamplingStream  # noqa: E402
 

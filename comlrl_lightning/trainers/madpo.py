@@ -1,6 +1,10 @@
-"""MADPOIterTrainer: rounds of (collect current-vs-comparator pairs → replay → DPO epochs) as Lightning epochs.
+"""MADPO's facades: :class:`MADPOTrainer` (offline: collect pairs once with the task reward, then DPO epochs) and
+:class:`MADPOIterTrainer` (rounds of collect current-vs-comparator pairs → replay → DPO epochs, as Lightning epochs).
 
-With ``E = num_train_epochs`` and ``T = num_iterations`` the Trainer runs ``T * E`` epochs with
+They only assemble Trainer + module + data + callbacks; everything they do is reachable from a YAML config too
+(``comlrl-lightning fit --config configs/madpo/tiny.yaml`` or ``configs/madpo/iterative_tiny.yaml``).
+
+MADPOIter: with ``E = num_train_epochs`` and ``T = num_iterations`` the Trainer runs ``T * E`` epochs with
 ``reload_dataloaders_every_n_epochs=1``; the round-boundary callbacks (HistoryCheckpoint when snapshots are
 on, ComparatorRefresh, IterativePreferenceCollection, ReplaySelection) prepare each round's pairs before its
 first epoch. ``trainer.global_step`` counts every optimizer step of every agent.
@@ -17,15 +21,76 @@ from comlrl_lightning.callbacks import (
     ComparatorRefresh,
     HistoryCheckpoint,
     IterativePreferenceCollection,
+    PreferenceCollection,
     ReplaySelection,
     RewardDistributionLogger,
 )
 from comlrl_lightning.comparators.local import build_comparator
-from comlrl_lightning.config import MADPOIterConfig
+from comlrl_lightning.config import MADPOConfig, MADPOIterConfig
 from comlrl_lightning.data.iterative import IterativePreferenceDataModule
+from comlrl_lightning.data.preference import PreferenceDataModule
 from comlrl_lightning.distributions import resolve_reward_range
 from comlrl_lightning.modules.madpo import MADPOModule
 from comlrl_lightning.trainers.base import TeamTrainer
+
+__all__ = ["MADPOIterTrainer", "MADPOTrainer", "round_callbacks"]
+
+
+class MADPOTrainer(TeamTrainer):
+    """Offline MADPO: collect pairs once with the task reward, then ``num_train_epochs`` DPO epochs.
+
+    Args mirror CoMLRL's (docs/preference.md §2.7): ``agent_model`` or ``agents``, ``tokenizer``, ``train_dataset``,
+    ``eval_dataset``, ``reward_func``, ``reward_processor``, ``formatters``, ``args``; plus ``model_config``,
+    ``lora``, extra ``callbacks``, ``trainer_kwargs`` for ``lightning.Trainer`` and CoMLRL's ``wandb_config``
+    (a ``WandbLogger`` unless ``trainer_kwargs`` sets a logger), ``external_transition`` (accepted as in CoMLRL;
+    unused, with a warning: preference trainers are single-turn), ``eval_logger`` and ``eval_aggregator``
+    (custom evaluation metrics, logged as ``eval/<key>``). With ``args.collaboration_mode="centralized"`` one
+    learner writes every role (``args.num_agents`` roles) in one joint text through ``centralized_comparator_adapter``
+    (default: CoMLRL's tagged ``<agent_i>`` format); ``agents`` then holds at most one model.
+    """
+
+    config_cls = MADPOConfig
+    algorithm_name = "MADPO"
+
+    def __init__(
+        self,
+        agent_model: str | None = None,
+        agents: Sequence[Any] | None = None,
+        num_agents: int | None = None,
+        tokenizer: Any = None,
+        model_config: dict | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        reward_func: Callable | None = None,
+        reward_processor: Callable | None = None,
+        formatters: Any = None,
+        args: MADPOConfig | None = None,
+        lora: dict | None = None,
+        callbacks: Sequence[L.Callback] = (),
+        trainer_kwargs: dict | None = None,
+        wandb_config: dict | None = None,
+        external_transition: Callable | None = None,
+        eval_logger: Callable | None = None,
+        eval_aggregator: Callable | None = None,
+        centralized_comparator_adapter: Any = None,
+    ):
+        self._init_args(args, agent_model, agents, reward_func, train_dataset, num_agents)
+        self._unused_transition(external_transition)
+        learner_args, centralized = self.args, self.args.collaboration_mode == "centralized"
+        if centralized:
+            learner_args, formatters, reward_func = self._centralized(agents, tokenizer, formatters, reward_func,
+                                                                      centralized_comparator_adapter)
+        self.module = MADPOModule(agent_model=agent_model, agents=agents, tokenizer=tokenizer,
+                                  model_config=model_config, lora=lora, args=learner_args)
+        self.datamodule = PreferenceDataModule(
+            train_dataset=train_dataset, eval_dataset=eval_dataset, reward_func=reward_func,
+            reward_processor=reward_processor, formatters=formatters, num_agents=learner_args.num_agents,
+            seed=self.args.seed, score_last_token=centralized,
+        )
+        self.collection = PreferenceCollection()
+        self.evaluation = self._evaluation(bool(self.datamodule.eval_items), eval_logger, eval_aggregator)
+        self._init_trainer(self.args.num_train_epochs, [self.collection, self.evaluation, *callbacks], wandb_config,
+                           trainer_kwargs)
 
 
 def round_callbacks(args: MADPOIterConfig, comparator: Any = None) -> list[L.Callback]:
