@@ -8,7 +8,7 @@ G = num_generations = 4, aligned joint actions, the plain transition, the built-
 ``MAGRPOTrainer`` (a real Lightning fit, updates included) twice per repetition:
 
   batched   one ``generate`` per agent per tree level covering every node of the level (the default);
-  per-node  the previous loop: one ``generate`` per agent per node (``MAGRPOModule.per_node_sampling``).
+  per-node  the previous loop: one ``generate`` per agent per node (:func:`sample_per_node`, this benchmark's own).
 
 A tree has 1 + 4 nodes, so a step makes 2 x 2 = 4 generate calls batched and 2 x 5 = 10 per node. Each fit
 runs ``--steps`` training steps (one item each); the first step of every fit is a warm-up and not timed.
@@ -35,8 +35,11 @@ import lightning as L
 import torch
 import transformers
 
-from comlrl_lightning.config_rl import MAGRPOConfig
+from comlrl_lightning.config.magrpo import MAGRPOConfig
+from comlrl_lightning.engines import engine_of
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
+from comlrl_lightning.generation import Samples
+from comlrl_lightning.modules.magrpo import MAGRPOModule
 from comlrl_lightning.multiturn.transitions import plain_transition
 from comlrl_lightning.tiny import build_tiny_model
 from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
@@ -49,6 +52,23 @@ Q05B = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, 
         "intermediate_size": 4864}
 
 TOPICS = ("rivers", "bread", "trains", "music", "maps", "clouds", "glass", "birds", "salt", "paper", "bells", "ice")
+
+
+def sample_per_node(module: MAGRPOModule) -> None:
+    """Make ``module`` sample as before level batching: one ``generate`` per agent per node of a tree level, where
+    :class:`MAGRPOModule` makes one per agent per level. The draws come from the same streams in the same order."""
+
+    def sample_level(agent, prompts):
+        k, settings, stream = module.args.num_generations, module.sampling_settings(), module.streams[agent]
+        parts = [engine_of(module.team).sample(agent, [p], k, settings, stream) for p, _ in prompts]
+        s = Samples([x for p in parts for x in p.prompt_ids], [x for p in parts for x in p.completion_ids],
+                    [x for p in parts for x in p.texts],
+                    None if any(p.logprobs is None for p in parts) else [x for p in parts for x in p.logprobs],
+                    parts[0].version if parts else None)
+        return module._draws(agent, prompts, s)
+
+    module._sample_level = sample_level
+    module._sample_team_level = lambda prompts: [sample_level(a, level) for a, level in enumerate(prompts)]
 
 
 class StepTimer(L.Callback):
@@ -106,7 +126,8 @@ def one_fit(model_dir: str, per_node: bool, args) -> StepTimer:
                                                 enable_checkpointing=False,
                                                 enable_progress_bar=False, enable_model_summary=False,
                                                 num_sanity_val_steps=0))
-    trainer.module.per_node_sampling = per_node
+    if per_node:
+        sample_per_node(trainer.module)
     timer = StepTimer(trainer.team)
     trainer.trainer.callbacks.append(timer)
     trainer.train()

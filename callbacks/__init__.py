@@ -13,11 +13,11 @@ from comlrl_lightning.callbacks.evaluation import TaskRewardEvaluation
 from comlrl_lightning.callbacks.export import ExportAgents
 from comlrl_lightning.callbacks.history_checkpoint import HistoryCheckpoint
 from comlrl_lightning.callbacks.iterative_collection import IterativePreferenceCollection, ScoredPreferenceCollection
-from comlrl_lightning.callbacks.learned_reward import IterativeRewardModelFit, LearnedRewardFit
 from comlrl_lightning.callbacks.preference_collection import PreferenceCollection
 from comlrl_lightning.callbacks.progress import TeamProgressBar
 from comlrl_lightning.callbacks.replay_selection import ReplaySelection
 from comlrl_lightning.callbacks.reward_distribution import RewardDistributionLogger
+from comlrl_lightning.callbacks.reward_model import IterativeRewardModelFit, LearnedRewardFit
 
 __all__ = ["BestAgents", "ComparatorRefresh", "ExportAgents", "HistoryCheckpoint", "IterativePreferenceCollection",
            "IterativeRewardModelFit", "LearnedRewardFit", "PreferenceCollection", "ReplaySelection",

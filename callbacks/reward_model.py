@@ -4,7 +4,7 @@
   reward (:func:`~comlrl_lightning.preferences.collect_offline_pairs`), fit the reward model
   (:func:`~comlrl_lightning.modules.reward_model.fit_reward_model`, a nested ``Trainer.fit``), and set
   the module's training reward (``use_train_oracle``) to a
-  :class:`~comlrl_lightning.learned_reward.LearnedRewardOracle`. No pairs →
+  :class:`~comlrl_lightning.reward_model.LearnedRewardOracle`. No pairs →
   a message and no RL.
 * :class:`IterativeRewardModelFit` (MARLHFIter, round stage 4: after replay selection): at every round
   boundary, fit a **freshly built** reward model (new object, new head, new optimizer; nothing carried over)
@@ -37,11 +37,11 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from comlrl_lightning.config.preference import refuse_centralized_learner
+from comlrl_lightning.config.madpo import refuse_centralized_learner
 from comlrl_lightning.distributed import world
-from comlrl_lightning.learned_reward import LearnedRewardOracle, support_clip_bound
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.protocols import RoundData, TaskSource, TeamModule, check_protocol
+from comlrl_lightning.reward_model import LearnedRewardOracle, support_clip_bound
 from comlrl_lightning.rounds import check_round_setup, next_round_at_epoch_end
 
 

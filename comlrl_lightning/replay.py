@@ -15,8 +15,8 @@ The functions are pure given an RNG: a ``random.Random`` (what :class:`ReplaySto
 its state can go into a checkpoint as plain ints) or a CPU ``torch.Generator``. Pairs are plain
 JSON dicts (the pair record of docs/preference.md §3.7); converting them to tensors is the caller's job.
 
-The files, the shard index and the RNG are :class:`ReplayStore`'s (``replay_store.py``); it and
-:class:`ReplayShard` can be imported from here as well.
+The files, the shard index and the RNG are :class:`~comlrl_lightning.replay_store.ReplayStore`'s
+(``replay_store.py``).
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from typing import Any
 
 import torch
 
+from comlrl_lightning.config.checks import is_int
+
 __all__ = [
     "REPLAY_MODES",
-    "ReplayShard",  # noqa: F822 - from replay_store.py, through __getattr__ below
-    "ReplayStore",  # noqa: F822
     "allocate_draws",
+    "gather_draws",
     "lambda_decay_weights",
     "replay_sample_size",
     "rng_from_plain",
@@ -52,10 +53,6 @@ Rng = random.Random | torch.Generator
 # --------------------------------------------------------------------------------------------------
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def lambda_decay_weights(num_rounds: int, lam: float) -> list[float]:
     """Lambda-decay weights of ``num_rounds`` shards, oldest first (docs/preference.md §4.2).
 
@@ -70,7 +67,7 @@ def lambda_decay_weights(num_rounds: int, lam: float) -> list[float]:
 
     Example: K = 4, λ = 0.5 → [0.0667, 0.1333, 0.2667, 0.5333].
     """
-    if not _is_int(num_rounds) or num_rounds < 1:
+    if not is_int(num_rounds) or num_rounds < 1:
         raise ValueError(
             f"lambda_decay_weights needs num_rounds >= 1 (the number of shards), got {num_rounds!r}."
         )
@@ -95,7 +92,7 @@ def shard_weights(mode: str, num_shards: int, k: int | None = None, lam: float |
     500-pair one. ``num_shards == 0`` gives ``[]``. Mode ``current`` does not sample and has no
     weights (``ValueError``).
     """
-    if not _is_int(num_shards) or num_shards < 0:
+    if not is_int(num_shards) or num_shards < 0:
         raise ValueError(f"num_shards must be an int >= 0, got {num_shards!r}.")
     if mode not in REPLAY_MODES:
         raise ValueError(f"preference_replay_mode must be one of: {', '.join(REPLAY_MODES)}; got {mode!r}.")
@@ -115,7 +112,7 @@ def shard_weights(mode: str, num_shards: int, k: int | None = None, lam: float |
     if mode == "nearest_k":
         if k is None:
             raise ValueError("preference_replay_k is required when preference_replay_mode='nearest_k'.")
-        if not _is_int(k) or k < 1:
+        if not is_int(k) or k < 1:
             raise ValueError(f"preference_replay_k must be an int >= 1, got {k!r}.")
         eligible = min(k, num_shards)
         return [0.0] * (num_shards - eligible) + [1.0] * eligible
@@ -134,7 +131,7 @@ def replay_sample_size(configured: int | None, num_new_pairs: int, shard_sizes: 
     So a round that generated nothing still replays S pairs in the non-current modes.
     """
     if configured is not None:
-        if not _is_int(configured) or configured < 1:
+        if not is_int(configured) or configured < 1:
             raise ValueError(f"preference_replay_sample_size must be >= 1 or null, got {configured!r}.")
         return configured
     if num_new_pairs > 0:
@@ -231,7 +228,7 @@ def sample_from_shard(records: Sequence[Any], count: int, rng: Rng) -> list[Any]
     return out
 
 
-def _gather(counts: Sequence[int], load: Callable[[int], Sequence[Any]], rng: Rng) -> list[Any]:
+def gather_draws(counts: Sequence[int], load: Callable[[int], Sequence[Any]], rng: Rng) -> list[Any]:
     """Sample ``counts[i]`` records from shard i (loaded only when drawn), then shuffle it all."""
     out: list[Any] = []
     for i, c in enumerate(counts):
@@ -252,7 +249,7 @@ def select_replay(
     if len(shards) != len(weights):
         raise ValueError(f"got {len(shards)} shards but {len(weights)} weights.")
     counts = allocate_draws(weights, sample_size, rng)
-    return _gather(counts, lambda i: shards[i], rng)
+    return gather_draws(counts, lambda i: shards[i], rng)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -278,12 +275,3 @@ def rng_from_plain(state: dict[str, Any]) -> random.Random:
             f"not a saved random.Random state ({err}); expected the dict of rng_state_to_plain."
         ) from err
     return rng
-
-
-def __getattr__(name: str) -> Any:
-    # The store lives in replay_store.py, which imports this module; loaded on first use to avoid a cycle.
-    if name in ("ReplayShard", "ReplayStore"):
-        from comlrl_lightning import replay_store
-
-        return getattr(replay_store, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

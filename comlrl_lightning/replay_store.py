@@ -17,13 +17,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from comlrl_lightning.config.checks import is_int
 from comlrl_lightning.files import json_digest, write_text_atomic
 from comlrl_lightning.replay import (
     REPLAY_MODES,
     Rng,
-    _gather,
-    _is_int,
     allocate_draws,
+    gather_draws,
     replay_sample_size,
     rng_from_plain,
     rng_state_to_plain,
@@ -112,7 +112,7 @@ class ReplayStore:
         iteration that is already registered (a resumed run replaying a round) drops it and any later shard
         from the index first.
         """
-        if not _is_int(iteration) or iteration < 1:
+        if not is_int(iteration) or iteration < 1:
             raise ValueError(f"replay iteration numbers are 1-based ints, got {iteration!r}.")
         pairs = list(pairs)
         for j, p in enumerate(pairs):
@@ -135,7 +135,7 @@ class ReplayStore:
     def register_round(self, iteration: int, pairs: Sequence[dict[str, Any]]) -> Path:
         """Add round ``iteration`` to the index without writing its file: the ranks other than 0 of a
         multi-process run keep the same index as rank 0, which alone writes (docs/scaling.md)."""
-        if not _is_int(iteration) or iteration < 1:
+        if not is_int(iteration) or iteration < 1:
             raise ValueError(f"replay iteration numbers are 1-based ints, got {iteration!r}.")
         pairs = list(pairs)
         path = self.file_for(iteration)
@@ -241,7 +241,7 @@ class ReplayStore:
         weights = shard_weights(mode, len(self._shards), k=k, lam=lam)
         size = replay_sample_size(sample_size, len(new_pairs), [s.num_pairs for s in self._shards])
         counts = allocate_draws(weights, size, rng)
-        return _gather(counts, lambda i: self.load_shard(self._shards[i]), rng)
+        return gather_draws(counts, lambda i: self.load_shard(self._shards[i]), rng)
 
     # -- checkpoint state -------------------------------------------------------------------------
 

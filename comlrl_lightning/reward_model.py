@@ -1,27 +1,39 @@
-"""Joint reward model helpers: the joint text template, last-token pooling, tokenization, options.
+"""The joint reward model's components: the joint text template, last-token pooling, tokenization (docs/preference.md
+§8), and :class:`LearnedRewardOracle`, a fitted model behind the task-reward oracle interface (§8.4–8.5).
 
-docs/preference.md §8. The LightningModule lives in :mod:`comlrl_lightning.modules.reward_model` and the
-pair DataModule in :mod:`comlrl_lightning.data.reward_pairs`; both use the functions here, so the text the
-model is trained on and the text it scores are built and tokenized in exactly one place.
+The options are :mod:`comlrl_lightning.config.reward_model`, the LightningModule
+:mod:`comlrl_lightning.modules.reward_model`, the pair DataModule :mod:`comlrl_lightning.data.reward_model` and the
+fitting callbacks :mod:`comlrl_lightning.callbacks.reward_model`. Training and scoring build and tokenize the joint
+text with the functions here, in exactly one place.
+
+LearnedRewardOracle: MARLHF's RL stage, and
+MARLHFIter's comparisons with ``preference_scoring_reward="reward_model"``, score
+joint responses with the reward model instead of the task reward. The scalar is used as both the
+processed and the raw value; no ``reward_processor`` is applied (upstream). Scoring prompts are the
+formatters' prompts of the task item (docs/preference.md §8.1: ``formatters[i](item)``), so they match the prompts the
+pairs were built with for deterministic formatters (docs/preference.md §8.1).
+
+Two call styles, one per RL backend family:
+
+* ``score(prompts, completions, item, index) -> (r, r)`` like :class:`~comlrl_lightning.rewards.RewardOracle`
+  (MAGRPO family, preference collection);
+* ``reward_func(*agent_completion_lists, prompts=..., batch_items=...) -> [r_1..r_G]`` with
+  ``reward_processor = None`` (the actor-critic modules call the task reward that way): one score per
+  aligned joint sample j = (c_1[j], ..., c_N[j]).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from comlrl_lightning.config import register_yaml_representers
-from comlrl_lightning.config.checks import _bad
+from comlrl_lightning.rewards import RewardError
 
 JOINT_RESPONSE_HEADER = "Joint multi-agent response"
-
-#: Values of ``reward_length_features``.
-LENGTH_FEATURE_MODES = ("off", "add", "only")
 
 #: Above this, ``tokenizer.model_max_length`` is transformers' "no limit" sentinel (int(1e30)).
 _NO_LIMIT = 10**9
@@ -172,57 +184,85 @@ def check_prompt_part_fits(
         )
 
 
-@dataclass
-class RewardModelOptions:
-    """Reward-model options of ``MARLHFConfig`` (docs/preference.md §2.2), usable on their own."""
+def support_clip_bound(scores: Sequence[float], quantile: float) -> float:
+    """Upper clip bound of a learned reward: the ``quantile`` of the scores it gave its own training data.
 
-    reward_model_name: str | None = None
-    """Hub id, local folder or ``embedded:tiny`` of the reward backbone (MARLHF falls back to the agents')."""
-    reward_learning_rate: float = 1e-5
-    """AdamW learning rate of the reward model."""
-    reward_num_train_epochs: int = 1
-    """Epochs over the pairs (each MARLHFIter round trains a fresh model for this many epochs)."""
-    reward_train_batch_size: int = 1
-    """Pairs per optimizer step."""
-    reward_max_length: int | None = None
-    """Tokenizer truncation length; None uses the tokenizer's ``model_max_length``."""
-    reward_freeze_backbone: bool = False
-    """Train only the scalar head (the backbone gets requires_grad=False)."""
-    reward_length_features: str = "off"
-    """Length-aware head (see :func:`response_length_features`): "off" (upstream), "add" (a linear head on
-    each agent's response length is added to the backbone's score) or "only" (the reward is that length head
-    alone, the backbone is not run: a length-only reward model). For preferences that depend on response
-    lengths, which a small backbone cannot count from its last token."""
-
-    def __post_init__(self) -> None:
-        if self.reward_model_name is not None and not isinstance(self.reward_model_name, str):
-            raise _bad("reward_model_name must be a string (hub id, local folder, 'embedded:tiny') or null.",
-                       self.reward_model_name,
-                       "strings or null; pass model objects to JointRewardModel(model=...)")
-        lr = self.reward_learning_rate
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (lr > 0 and math.isfinite(lr)):
-            raise _bad("reward_learning_rate must be > 0.", lr, "finite numbers > 0")
-        for name in ("reward_num_train_epochs", "reward_train_batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise _bad(f"{name} must be >= 1.", value, "integers >= 1")
-        m = self.reward_max_length
-        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
-            raise _bad("reward_max_length must be >= 1 or null.", m, "integers >= 1 or null")
-        if not isinstance(self.reward_freeze_backbone, bool):
-            raise _bad("reward_freeze_backbone must be a bool.", self.reward_freeze_backbone, "true, false")
-        if self.reward_length_features not in LENGTH_FEATURE_MODES:
-            raise _bad("reward_length_features must be one of off, add, only.", self.reward_length_features,
-                       ", ".join(LENGTH_FEATURE_MODES))
-
-    @property
-    def num_train_epochs(self) -> int:
-        """Alias of ``reward_num_train_epochs``: the CLI derives ``trainer.max_epochs`` from it."""
-        return self.reward_num_train_epochs
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-type dict of every option."""
-        return asdict(self)
+    With ``s_(1) <= ... <= s_(n)`` the sorted scores and ``h = quantile · (n − 1)``, the bound is
+    ``s_(⌊h⌋+1) + (h − ⌊h⌋) · (s_(⌊h⌋+2) − s_(⌊h⌋+1))`` (linear interpolation between order statistics, numpy's
+    default quantile); ``quantile = 1`` gives the largest score. The RL reward is then ``min(r(x), bound)``:
+    past the responses the reward model was fitted on it extrapolates, and clipping there leaves the policy no
+    gain for moving further out (docs/preference.md §8.5).
+    """
+    if not 0.0 < quantile <= 1.0:
+        raise ValueError(f"quantile must be in (0, 1]; got {quantile!r}.")
+    values = sorted(float(v) for v in scores)
+    if not values:
+        raise ValueError("support_clip_bound needs at least one score.")
+    h = quantile * (len(values) - 1)
+    lo = math.floor(h)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (h - lo) * (values[hi] - values[lo])
 
 
-register_yaml_representers(RewardModelOptions)  # hparams.yaml stays yaml.safe_load-able
+class LearnedRewardOracle:
+    """Score joint responses with a (fitted) :class:`~comlrl_lightning.modules.reward_model.JointRewardModel`.
+
+    Args:
+        reward_model: anything with ``score(prompts_per_pair, completions_per_pair) -> list[float]``.
+        formatters: one prompt function per agent; None uses the prompts given to :meth:`score`.
+        batch_size: joint texts per reward-model forward.
+        clip_max: upper bound of the returned scores (``reward_clip_quantile``, see :func:`support_clip_bound`);
+            None returns the model's scores unchanged (upstream).
+    """
+
+    reward_processor = None
+
+    def __init__(self, reward_model: Any, formatters: Sequence[Callable[[dict], str]] | None = None,
+                 batch_size: int = 16, clip_max: float | None = None):
+        if not callable(getattr(reward_model, "score", None)):
+            raise TypeError(f"reward_model must have score(prompts_per_pair, completions_per_pair); got "
+                            f"{type(reward_model).__name__}.")
+        self.reward_model = reward_model
+        self.formatters = list(formatters) if formatters is not None else None
+        self.batch_size = batch_size
+        self.clip_max = None if clip_max is None else float(clip_max)
+        self.reward_func = self._reward_func
+
+    def prompts_for(self, item: dict | None, prompts: Sequence[str] | None, num_agents: int) -> list[str]:
+        """Per-agent scoring prompts: the formatters applied to ``item`` (docs/preference.md §8.1), else ``prompts``."""
+        if self.formatters is not None and item is not None:
+            return [f(item) for f in self.formatters]
+        if item is None and self.formatters is not None:
+            raise ValueError("MARLHF reward model scoring requires batch_items.")
+        prompts = list(prompts or [])
+        return prompts + [""] * (num_agents - len(prompts)) if len(prompts) < num_agents else prompts
+
+    def score_joint(self, prompts: Sequence[str], joint_completions: Sequence[Sequence[str]],
+                    where: str = "a joint response") -> list[float]:
+        """Rewards of several joint responses sharing ``prompts`` (no grad, eval mode)."""
+        values = self.reward_model.score([list(prompts)] * len(joint_completions),
+                                         [list(c) for c in joint_completions], batch_size=self.batch_size)
+        for v in values:
+            if not math.isfinite(v):
+                raise RewardError(f"the reward model returned {v} on {where}; rewards must be finite numbers.")
+        if self.clip_max is not None:
+            return [min(float(v), self.clip_max) for v in values]
+        return [float(v) for v in values]
+
+    def score(self, prompts: Sequence[str], completions: Sequence[str], item: dict, item_index: Any
+              ) -> tuple[float, float]:
+        """(reward, reward) of one joint response ``completions`` (one text per agent) for task item ``item``."""
+        agent_prompts = self.prompts_for(item, prompts, len(completions))
+        r = self.score_joint(agent_prompts, [list(completions)], f"task item {item_index}")[0]
+        return r, r
+
+    def _reward_func(self, *agent_completions: Sequence[str], prompts: Sequence[str] | None = None,
+                     batch_items: Sequence[dict] | None = None) -> list[float]:
+        """Task-reward-style call: one list of G completions per agent → G rewards (aligned joint samples)."""
+        lists = [list(c) for c in agent_completions]
+        if not lists:
+            return []
+        g = min(len(c) for c in lists)
+        item = batch_items[0] if batch_items else None
+        agent_prompts = self.prompts_for(item, prompts, len(lists))
+        return self.score_joint(agent_prompts, [[c[j] for c in lists] for j in range(g)])

@@ -7,8 +7,6 @@ once, in the group that declares the option. Every option is validated when the 
 written against CoMLRL keeps matching) and adds the value given and what is allowed.
 """
 
-import dataclasses as _dataclasses
-
 from comlrl_lightning.config.actor_critic import IACConfig, MAACConfig, _ActorCriticOptions
 from comlrl_lightning.config.checks import _bad, _normalize_choice, check_counts, is_int, is_number
 from comlrl_lightning.config.devices import device_count, normalize_parallel_training
@@ -19,6 +17,14 @@ from comlrl_lightning.config.iterative import (
     REPLAY_MODE_ALIASES,
     _IterativePreferenceOptions,
 )
+from comlrl_lightning.config.madpo import MADPOConfig, MADPOIterConfig
+from comlrl_lightning.config.magrpo import (
+    CentralizedMAGRPOConfig,
+    MAGRPOConfig,
+    MAREINFORCEConfig,
+    MAReMaxConfig,
+    MARLOOConfig,
+)
 from comlrl_lightning.config.marlhf import (
     MAGRPO_FAMILY,
     RL_ALGORITHM_ALIASES,
@@ -27,9 +33,9 @@ from comlrl_lightning.config.marlhf import (
     MARLHFConfig,
     MARLHFIterConfig,
 )
-from comlrl_lightning.config.preference import MADPOConfig, MADPOIterConfig
 from comlrl_lightning.config.reference_kl import check_reference_devices
-from comlrl_lightning.config.rl import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
+from comlrl_lightning.config.representers import register_yaml_representers
+from comlrl_lightning.config.reward_model import RewardModelOptions
 from comlrl_lightning.config.sampling import JOINT_MODE_ALIASES, check_sampling
 from comlrl_lightning.config.secrets import _SECRET_HEADER_WORDS, redact_secrets
 
@@ -40,6 +46,7 @@ CONFIG_CLASSES = (MADPOConfig, MADPOIterConfig, MAGRPOConfig, MAREINFORCEConfig,
 
 __all__ = [
     "CONFIG_CLASSES",
+    "CentralizedMAGRPOConfig",
     "API_FORMAT_ALIASES",
     "COMPARATOR_POLICY_ALIASES",
     "GENERATION_MODE_ALIASES",
@@ -56,6 +63,7 @@ __all__ = [
     "MARLOOConfig",
     "MAReMaxConfig",
     "REPLAY_MODE_ALIASES",
+    "RewardModelOptions",
     "RL_ALGORITHMS",
     "RL_ALGORITHM_ALIASES",
     "SCORING_REWARD_ALIASES",
@@ -72,22 +80,8 @@ __all__ = [
     "is_number",
     "normalize_parallel_training",
     "redact_secrets",
+    "register_yaml_representers",
 ]
-
-
-def _represent_config(dumper, data):
-    """A config as a plain YAML mapping of its fields: the hparams.yaml Lightning's loggers write (with
-    ``yaml.dump``) then loads with ``yaml.safe_load`` (no ``!!python/object`` tag)."""
-    return dumper.represent_dict({f.name: getattr(data, f.name) for f in _dataclasses.fields(data)})
-
-
-def register_yaml_representers(*classes: type) -> None:
-    """Dump the given config classes as plain mappings with ``yaml.dump`` / ``yaml.safe_dump``."""
-    import yaml
-
-    for cls in classes:
-        for dumper in (yaml.Dumper, yaml.SafeDumper):
-            yaml.add_representer(cls, _represent_config, Dumper=dumper)
 
 
 register_yaml_representers(IACConfig, MAACConfig, MADPOConfig, MADPOIterConfig, MAGRPOConfig, MAREINFORCEConfig,

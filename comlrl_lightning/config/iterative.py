@@ -26,14 +26,18 @@ REPLAY_MODE_ALIASES = {
     "lambda_decay": "lambda_decay", "lambda": "lambda_decay", "td_lambda": "lambda_decay",
     "td-lambda": "lambda_decay",
 }
-COMPARATOR_POLICY_ALIASES = {
-    "current": "current", "self": "current", "online": "current",
-    "current_copy": "current_copy", "copy": "current_copy", "online_copy": "current_copy",
-    "current-offload": "current_copy", "current_offload": "current_copy",
-    "model": "model", "external": "model", "comparator": "model", "reference": "model", "ref": "model",
-    "history": "history", "checkpoint": "history", "previous": "history", "previous_iteration": "history",
-    "api": "api", "http": "api", "endpoint": "api",
+#: ``comparator_policy``: every policy, in the order messages list them, with the other names it accepts
+#: (docs/preference.md §2.5). The one table of policies: the check below, its message and the source factory
+#: (:func:`comlrl_lightning.comparators.local.build_comparator`, one source class per policy) all read it.
+POLICIES: dict[str, tuple[str, ...]] = {
+    "current": ("self", "online"),
+    "current_copy": ("copy", "online_copy", "current-offload", "current_offload"),
+    "model": ("external", "comparator", "reference", "ref"),
+    "history": ("checkpoint", "previous", "previous_iteration"),
+    "api": ("http", "endpoint"),
 }
+COMPARATOR_POLICY_ALIASES = {name: policy for policy, aliases in POLICIES.items() for name in (policy, *aliases)}
+POLICY_CHOICES_MESSAGE = f"comparator_policy must be one of: {', '.join(POLICIES)}."
 GENERATION_MODE_ALIASES = {
     "decentralized": "decentralized", "decentralised": "decentralized", "multi_agent": "decentralized",
     "multi-agent": "decentralized",
@@ -139,8 +143,7 @@ class _IterativePreferenceOptions:
         if mode != "current":
             check_optional_count("preference_replay_sample_size", size)
         policy = _normalize_choice(
-            "comparator_policy", self.comparator_policy, COMPARATOR_POLICY_ALIASES, "current",
-            "comparator_policy must be one of: current, current_copy, model, history, api.")
+            "comparator_policy", self.comparator_policy, COMPARATOR_POLICY_ALIASES, "current", POLICY_CHOICES_MESSAGE)
         self.comparator_policy = policy
         gen = _normalize_choice(
             "comparator_generation_mode", self.comparator_generation_mode, GENERATION_MODE_ALIASES,

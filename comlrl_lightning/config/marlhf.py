@@ -13,8 +13,8 @@ MARLHF's RL stage (so no "reference-free" warning), its ``reference_devices`` le
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from comlrl_lightning.config.actor_critic import IACConfig, MAACConfig
 from comlrl_lightning.config.checks import _bad, _normalize_choice, is_number
@@ -28,8 +28,9 @@ from comlrl_lightning.config.critic import (
 )
 from comlrl_lightning.config.devices import check_device_list, check_devices_exist, warn_unused_devices
 from comlrl_lightning.config.iterative import _IterativePreferenceOptions
-from comlrl_lightning.config.preference import MADPOConfig
+from comlrl_lightning.config.madpo import MADPOConfig
 from comlrl_lightning.config.reference_kl import check_reference_devices
+from comlrl_lightning.config.reward_model import RewardModelFields, RewardModelOptions
 from comlrl_lightning.config.rollout import (
     EngineCheckOptions,
     GenerationBatchOptions,
@@ -37,9 +38,6 @@ from comlrl_lightning.config.rollout import (
     check_logprob_gap_threshold,
 )
 from comlrl_lightning.config.sampling import NumGenerationsOptions, check_num_generations
-
-if TYPE_CHECKING:  # imported when used: reward_model imports this package's checks
-    from comlrl_lightning.reward_model import RewardModelOptions
 
 #: rl_algorithm → the advantage_mode it forces (MAGRPO family); maac/iac leave advantage_mode alone.
 MAGRPO_FAMILY = {"magrpo": "mean", "mareinforce": "raw", "maremax": "max", "marloo": "rloo"}
@@ -60,26 +58,13 @@ class RLAlgorithmOptions:
 
 
 @dataclass
-class RewardModelFields:
-    """The learned reward model (validated through :class:`~comlrl_lightning.reward_model.RewardModelOptions`)."""
+class RewardModelUseOptions:
+    """Where MARLHF runs its learned reward model and how the RL stage clips its reward (the model's own options are
+    :class:`~comlrl_lightning.config.reward_model.RewardModelFields`)."""
 
-    reward_model_name: str | None = None
-    """Hub id / local folder / ``embedded:tiny`` of the reward backbone; None = the agents' model name."""
     reward_model_device: str | None = None
     """Reward-model device; None = the Lightning accelerator in use (docs/decisions.md, decision 7; upstream:
     "cuda:0")."""
-    reward_learning_rate: float = 1e-5
-    """AdamW learning rate of the reward model."""
-    reward_num_train_epochs: int = 1
-    """Reward-model epochs over the pairs (MARLHFIter: per round, on a freshly built model)."""
-    reward_train_batch_size: int = 1
-    """Pairs per reward-model optimizer step."""
-    reward_max_length: int | None = None
-    """Reward tokenizer truncation length; None = the tokenizer's ``model_max_length``."""
-    reward_freeze_backbone: bool = False
-    """Train only the reward model's scalar head."""
-    reward_length_features: str = "off"
-    """Ours: length-aware reward head, "off", "add" or "only" (docs/preference.md §8.2)."""
     reward_clip_quantile: float | None = None
     """Ours: the RL reward is min(r, b), b = this quantile of the scores the fitted reward model gives the responses
     of its own training pairs (docs/preference.md §8.5); None = no clip (upstream). In (0, 1]."""
@@ -94,7 +79,8 @@ class CriticModelOptions:
 
 
 @dataclass
-class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardModelFields, NumGenerationsOptions,
+class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardModelUseOptions, RewardModelFields,
+                   NumGenerationsOptions,
                    RLAlgorithmOptions, EngineCheckOptions, GenerationBatchOptions,
                    MADPOConfig):
     """Options of the MARLHF trainer: MADPO's (docs/preference.md §2.1) plus docs/preference.md §2.2.
@@ -134,7 +120,7 @@ class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardMo
         if self.reward_model_name is not None and not isinstance(self.reward_model_name, str):
             raise _bad("reward_model_name must be provided when agent models are objects.", self.reward_model_name,
                        "a hub id, a local folder or 'embedded:tiny' (a string), or null")
-        self.reward_model_options()  # validates every reward_* option (same messages as RewardModelOptions)
+        self.check_reward_model_fields()
         q = self.reward_clip_quantile
         if q is not None and (not is_number(q) or not 0 < q <= 1):
             raise _bad("reward_clip_quantile must be in (0, 1] or null.", q,
@@ -163,15 +149,8 @@ class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardMo
 
     # --- derived option sets ---------------------------------------------------------------------------
     def reward_model_options(self) -> RewardModelOptions:
-        """The reward-model options as a :class:`~comlrl_lightning.reward_model.RewardModelOptions`."""
-        from comlrl_lightning.reward_model import RewardModelOptions
-
-        return RewardModelOptions(
-            reward_model_name=self.reward_model_name, reward_learning_rate=self.reward_learning_rate,
-            reward_num_train_epochs=self.reward_num_train_epochs,
-            reward_train_batch_size=self.reward_train_batch_size, reward_max_length=self.reward_max_length,
-            reward_freeze_backbone=self.reward_freeze_backbone, reward_length_features=self.reward_length_features,
-        )
+        """The reward-model options as a :class:`~comlrl_lightning.config.reward_model.RewardModelOptions`."""
+        return RewardModelOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RewardModelFields)})
 
     @property
     def is_actor_critic(self) -> bool:

@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from comlrl_lightning.collaboration import CentralizedPrompt, CentralizedReward, resolve_adapter
-from comlrl_lightning.data.tasks_dm import TaskDataModule
+from comlrl_lightning.data.task import TaskDataModule
 from comlrl_lightning.rewards import RewardOracle
 
 
 class CentralizedTaskDataModule(TaskDataModule):
-    """:class:`~comlrl_lightning.data.tasks_dm.TaskDataModule` for one joint learner (CoMLRL's
+    """:class:`~comlrl_lightning.data.task.TaskDataModule` for one joint learner (CoMLRL's
     ``CentralizedMAGRPOTrainer``): ``num_agents`` is the number of roles, ``formatters`` the roles' own prompts,
     ``reward_func`` the team reward over the roles' outputs, exactly as for a decentralized team.
 
@@ -19,7 +19,7 @@ class CentralizedTaskDataModule(TaskDataModule):
     joint text into one output per role (``CentralizedReward``: an unparsable text scores as empty outputs), then
     applies ``reward_processor`` (both in :mod:`comlrl_lightning.collaboration`). ``centralized_adapter``: see
     :func:`~comlrl_lightning.collaboration.resolve_adapter`.
-    Other arguments as :class:`~comlrl_lightning.data.tasks_dm.TaskDataModule`.
+    Other arguments as :class:`~comlrl_lightning.data.task.TaskDataModule`.
     """
 
     def __init__(self, *args: Any, centralized_adapter: Any = None, **kwargs: Any):

@@ -1,9 +1,9 @@
 """MARLHFIterDataModule: task items for the RL stage plus the round pairs and replay buffer of MARLHFIter.
 
-It is an :class:`~comlrl_lightning.data.iterative.IterativePreferenceDataModule` (the pair sink
+It is an :class:`~comlrl_lightning.data.madpo.IterativePreferenceDataModule` (the pair sink
 ``add_round``, ``commit_round``, the replay store and its checkpoint state) whose train dataloader serves
 the **task items** (one ``[(index, item)]`` batch per step, as
-:class:`~comlrl_lightning.data.tasks_dm.TaskDataModule`), because MARLHF's policies learn by RL on the
+:class:`~comlrl_lightning.data.task.TaskDataModule`), because MARLHF's policies learn by RL on the
 task prompts; the round's replay-selected pairs (``pairs``) train the reward model instead
 (:class:`~comlrl_lightning.callbacks.IterativeRewardModelFit`).
 
@@ -18,8 +18,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from comlrl_lightning.data.iterative import IterativePreferenceDataModule
-from comlrl_lightning.data.tasks_dm import task_loader
+from comlrl_lightning.data.madpo import IterativePreferenceDataModule
+from comlrl_lightning.data.task import task_loader
 
 
 class MARLHFIterDataModule(IterativePreferenceDataModule):
@@ -28,7 +28,7 @@ class MARLHFIterDataModule(IterativePreferenceDataModule):
     Args:
         external_transition: must stay None (MARLHF is single-turn); kept for the RL modules' interface.
         shuffle: shuffle the task items every epoch (upstream: dataset order).
-        **kwargs: as :class:`~comlrl_lightning.data.iterative.IterativePreferenceDataModule`.
+        **kwargs: as :class:`~comlrl_lightning.data.madpo.IterativePreferenceDataModule`.
     """
 
     def __init__(self, *args: Any, shuffle: bool = False, **kwargs: Any):

@@ -14,7 +14,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from comlrl_lightning.data.tasks import EvalDataloaders, IndexedList, load_task_setup, resolve_callable
+from comlrl_lightning.data.sources import EvalDataloaders, IndexedList, load_task_setup, resolve_callable
 
 
 def _collate(batch: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
@@ -28,7 +28,7 @@ class TaskDataModule(EvalDataloaders, L.LightningDataModule):
     """Task items + oracle + formatters (+ external transition) for the RL trainers.
 
     Args:
-        train_dataset: task items (see :func:`~comlrl_lightning.data.tasks.load_task_items`).
+        train_dataset: task items (see :func:`~comlrl_lightning.data.sources.load_task_items`).
         eval_dataset: evaluation items (None = no evaluation).
         reward_func: the task reward (callable or dotted path).
         reward_processor: optional float → float applied to every raw reward.

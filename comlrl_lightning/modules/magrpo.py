@@ -38,7 +38,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.config import MAGRPOConfig
-from comlrl_lightning.data.tasks import format_prompts
+from comlrl_lightning.data.sources import format_prompts
 from comlrl_lightning.distributed import world
 from comlrl_lightning.engines import SampleRequest, engine_of
 from comlrl_lightning.engines.verify import check_engine_version, check_logprob_gap
@@ -79,7 +79,7 @@ class MAGRPOModule(TeamModuleBase):
     after each of its optimizer steps.
 
     The task (items, formatters, reward, transition) comes from the datamodule
-    (:class:`~comlrl_lightning.data.tasks_dm.TaskDataModule`).
+    (:class:`~comlrl_lightning.data.task.TaskDataModule`).
     """
 
     algorithm_name = "MAGRPO"
@@ -119,24 +119,10 @@ class MAGRPOModule(TeamModuleBase):
         check_transition(self.args, getattr(dm, "external_transition", None), self.algorithm_name)
 
     # --- rollout -------------------------------------------------------------------------------------------
-    #: Benchmark-only switch (benchmarks/rollouts.py): sample node by node, one generate call per agent per node,
-    #: instead of one call per agent per tree level.
-    per_node_sampling: bool = False
-
     def _sample_level(self, agent: int, prompts: Sequence[tuple[str, str]]) -> list[AgentDraw]:
         """K completions for every (prompt, prompt_used) of a level: one batched ``generate`` per agent."""
-        k = self.args.num_generations
-        engine = engine_of(self.team)
-        settings = self.sampling_settings()
-        texts = [p for p, _ in prompts]
-        if self.per_node_sampling:
-            parts = [engine.sample(agent, [p], k, settings, self.streams[agent]) for p in texts]
-            s = Samples([x for p in parts for x in p.prompt_ids], [x for p in parts for x in p.completion_ids],
-                        [x for p in parts for x in p.texts],
-                        None if any(p.logprobs is None for p in parts) else [x for p in parts for x in p.logprobs],
-                        parts[0].version if parts else None)
-        else:
-            s = engine.sample(agent, texts, k, settings, self.streams[agent])
+        s = engine_of(self.team).sample(agent, [p for p, _ in prompts], self.args.num_generations,
+                                        self.sampling_settings(), self.streams[agent])
         return self._draws(agent, prompts, s)
 
     def _draws(self, agent: int, prompts: Sequence[tuple[str, str]], s: Samples) -> list[AgentDraw]:
@@ -220,8 +206,7 @@ class MAGRPOModule(TeamModuleBase):
         trees, self.env_step = build_trees(
             n, a.num_generations, a.num_turns, a.joint_mode, roots,
             sample_level=lambda agent, turn, prompts: self._sample_level(agent, prompts),
-            sample_team_level=(None if self.per_node_sampling
-                               else (lambda turn, prompts: self._sample_team_level(prompts))),
+            sample_team_level=lambda turn, prompts: self._sample_team_level(prompts),
             reward=reward, transition=step if transition is not None else None,
             early_termination_threshold=a.early_termination_threshold, env_step=self.env_step,
         )

@@ -1,7 +1,7 @@
 """IACTrainer and MAACTrainer: the facades CoMLRL users expect (docs/multiturn.md §8.1).
 
 They only assemble ``lightning.Trainer`` + :class:`~comlrl_lightning.modules.actor_critic.ActorCriticModule` +
-:class:`~comlrl_lightning.data.tasks_dm.TaskDataModule` + task-reward evaluation. The same runs are reachable
+:class:`~comlrl_lightning.data.task.TaskDataModule` + task-reward evaluation. The same runs are reachable
 from YAML (``comlrl-lightning fit --config configs/iac/tiny.yaml``).
 """
 
@@ -14,7 +14,7 @@ import lightning as L
 from torch import nn
 
 from comlrl_lightning.config import IACConfig, MAACConfig
-from comlrl_lightning.data.tasks_dm import TaskDataModule
+from comlrl_lightning.data.task import TaskDataModule
 from comlrl_lightning.modules.actor_critic import ActorCriticModule
 from comlrl_lightning.multiturn.transitions import check_transition_signature
 from comlrl_lightning.trainers.base import TeamTrainer

@@ -64,7 +64,7 @@ class TeamTrainer:
 
         from comlrl_lightning.collaboration import CentralizedPrompt, CentralizedReward
         from comlrl_lightning.comparators.centralized import TaggedCentralizedComparatorAdapter
-        from comlrl_lightning.data.tasks import build_formatters
+        from comlrl_lightning.data.sources import build_formatters
 
         if agents is not None and len(agents) != 1:
             raise ValueError("Centralized collaboration requires exactly one actor model.")

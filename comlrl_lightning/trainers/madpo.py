@@ -27,8 +27,7 @@ from comlrl_lightning.callbacks import (
 )
 from comlrl_lightning.comparators.local import build_comparator
 from comlrl_lightning.config import MADPOConfig, MADPOIterConfig
-from comlrl_lightning.data.iterative import IterativePreferenceDataModule
-from comlrl_lightning.data.preference import PreferenceDataModule
+from comlrl_lightning.data.madpo import IterativePreferenceDataModule, PreferenceDataModule
 from comlrl_lightning.distributions import resolve_reward_range
 from comlrl_lightning.modules.madpo import MADPOModule
 from comlrl_lightning.trainers.base import TeamTrainer
@@ -108,12 +107,12 @@ def round_callbacks(args: MADPOIterConfig, comparator: Any = None) -> list[L.Cal
 class MADPOIterTrainer(TeamTrainer):
     """Iterative MADPO (docs/preference.md §10): ``num_iterations`` rounds, each collecting pairs against a comparator.
 
-    Args mirror :class:`~comlrl_lightning.trainers.preference.MADPOTrainer`; ``args`` is a
+    Args mirror :class:`~comlrl_lightning.trainers.madpo.MADPOTrainer`; ``args`` is a
     :class:`~comlrl_lightning.config.MADPOIterConfig`. ``comparator`` overrides the source built from
     ``args.comparator_policy``; ``evaluation=False`` drops the task-reward evaluation callback;
     ``centralized_comparator_adapter`` (an object with ``build_prompt`` and ``parse_completion``) replaces the
     tagged format of ``comparator_generation_mode='centralized'``. With ``args.collaboration_mode="centralized"``
-    one learner writes every role in one joint text (as :class:`~comlrl_lightning.trainers.preference.MADPOTrainer`)
+    one learner writes every role in one joint text (as :class:`~comlrl_lightning.trainers.madpo.MADPOTrainer`)
     and its comparator samples the same joint prompt, its completions kept as unparsed joint texts.
     """
 

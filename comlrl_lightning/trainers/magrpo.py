@@ -13,9 +13,14 @@ from typing import Any
 
 import lightning as L
 
-from comlrl_lightning.config import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
-from comlrl_lightning.config_rl import CentralizedMAGRPOConfig
-from comlrl_lightning.data.tasks_dm import TaskDataModule
+from comlrl_lightning.config.magrpo import (
+    CentralizedMAGRPOConfig,
+    MAGRPOConfig,
+    MAREINFORCEConfig,
+    MAReMaxConfig,
+    MARLOOConfig,
+)
+from comlrl_lightning.data.task import TaskDataModule
 from comlrl_lightning.modules.magrpo import MAGRPOModule, check_transition
 from comlrl_lightning.multiturn.transitions import check_transition_signature
 from comlrl_lightning.trainers.base import TeamTrainer
@@ -24,7 +29,6 @@ from comlrl_lightning.trainers.base import TeamTrainer
 #: ``TaskRewardEvaluation.samples_per_item``), so that a facade and the YAML path report the same eval metrics
 EVAL_SAMPLES_PER_ITEM = 8
 
-# CoMLRL's ``comlrl.trainers.reinforce`` exports (docs/coming-from-comlrl.md)
 __all__ = ["MAGRPOConfig", "MAGRPOTrainer", "CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer",
            "MAREINFORCEConfig", "MAREINFORCETrainer", "MAReMaxConfig", "MAReMaxTrainer", "MARLOOConfig",
            "MARLOOTrainer"]

@@ -61,7 +61,7 @@ class MARLHFTrainer(TeamTrainer):
     held-out accuracy, ``reward_model/val_accuracy``; 0 = train on every pair), ``centralized_comparator_adapter`` (the
     joint-text format of ``collaboration_mode="centralized"``), ``lora``, ``evaluation``, extra
     ``callbacks`` and ``trainer_kwargs``. With ``args.collaboration_mode="centralized"`` one learner writes every
-    role in one joint text (as :class:`~comlrl_lightning.trainers.preference.MADPOTrainer`): the reward model
+    role in one joint text (as :class:`~comlrl_lightning.trainers.madpo.MADPOTrainer`): the reward model
     reads the raw joint text and the RL stage trains that one learner (``learner_args``: ``num_agents=1``).
     """
 
@@ -123,7 +123,7 @@ class MARLHFTrainer(TeamTrainer):
         """MARLHF has no rounds, so no reward distributions (MARLHFIter overrides this)."""
 
     def _datamodule(self, train_dataset, eval_dataset, reward_func, reward_processor, formatters):
-        from comlrl_lightning.data.tasks_dm import TaskDataModule
+        from comlrl_lightning.data.task import TaskDataModule
 
         return TaskDataModule(train_dataset=train_dataset, eval_dataset=eval_dataset, reward_func=reward_func,
                               reward_processor=reward_processor, formatters=formatters,

@@ -4,17 +4,20 @@ episodes (docs/multiturn.md §4.3) and single-turn evaluation and preference col
 
 from __future__ import annotations
 
+import importlib.util
 import random
+from pathlib import Path
 
 import pytest
 from conftest import cpu_trainer_kwargs
 
-from comlrl_lightning.config_rl import MAGRPOConfig
+from comlrl_lightning.config.magrpo import MAGRPOConfig
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.generation import SamplingSettings, SamplingStream
 from comlrl_lightning.multiturn.transitions import plain_transition
 from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 
+ROLLOUTS_BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "rollouts.py"
 ITEMS = [{"prompt": f"Topic: {t}."} for t in ("rivers", "bread", "trains", "music")]
 
 
@@ -94,10 +97,13 @@ def test_a_batch_of_items_shares_each_level_call(tiny_model_dir, mode):
     assert steps == [b * (i + 1) for i in range(len(steps))] and m.env_step == steps[-1]
 
 
-def test_per_node_sampling_switch_is_the_unbatched_loop(tiny_model_dir):
+def test_the_benchmarks_per_node_sampling_is_the_unbatched_loop(tiny_model_dir):
+    spec = importlib.util.spec_from_file_location("rollouts_bench", ROLLOUTS_BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
     tr = make_trainer(tiny_model_dir, ITEMS[:1], num_turns=2, joint_mode="aligned")
     m, dm = tr.module, tr.datamodule
-    m.per_node_sampling = True
+    bench.sample_per_node(m)
     calls = count_generate(tr.team)
     m.rollout_batch([(0, ITEMS[0])], dm.formatters, dm.oracle, dm.external_transition)
     assert calls == [[1] * 3, [1] * 3]  # 3 nodes, one call each
@@ -141,7 +147,7 @@ def test_single_turn_evaluation_and_preference_collection_make_one_call_per_agen
 
 @pytest.mark.parametrize("maac", [False, True])
 def test_actor_critic_episodes_of_a_batch_share_each_turn_call(tiny_model_dir, maac):
-    from comlrl_lightning.config_ac import IACConfig, MAACConfig
+    from comlrl_lightning.config.actor_critic import IACConfig, MAACConfig
     from comlrl_lightning.modules.actor_critic import ActorCriticModule
     from comlrl_lightning.rewards import RewardOracle
 
