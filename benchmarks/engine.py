@@ -75,7 +75,7 @@ def build_model(name: str, folder: Path) -> str:
 
 def bench_generation(model_dir: str, args: argparse.Namespace) -> dict:
     from comlrl_lightning.agents import build_agents
-    from comlrl_lightning.data.tasks import chat_prompt
+    from comlrl_lightning.data.sources import chat_prompt
     from comlrl_lightning.engines import HFEngine, SampleRequest
     from comlrl_lightning.engines.vllm import VLLMEngine
     from comlrl_lightning.generation import SamplingSettings, SamplingStream

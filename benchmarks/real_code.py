@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     from comlrl_lightning.agents import load_tokenizer
-    from comlrl_lightning.data.tasks import chat_prompt
+    from comlrl_lightning.data.sources import chat_prompt
     from comlrl_lightning.envs.code import FORMATTERS, code_rewards, require_sandbox
     from comlrl_lightning.envs.code.problems import EASY_PROBLEMS, load_code_problems
     from comlrl_lightning.gguf import resolve_gguf

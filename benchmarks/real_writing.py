@@ -144,7 +144,7 @@ def model_folder(given: str | None) -> str:
 
 def formatters_for(tokenizer):
     """``writing.FORMATTERS`` wrapped in the chat template, explicitly (so a library default cannot shift them)."""
-    from comlrl_lightning.data.tasks import chat_prompt
+    from comlrl_lightning.data.sources import chat_prompt
     from comlrl_lightning.envs.writing import FORMATTERS
 
     return [lambda item, f=f: chat_prompt(tokenizer, f(item)) for f in FORMATTERS]

@@ -24,7 +24,7 @@ def _cpu_trainer_kwargs(root: str | None) -> dict[str, Any]:
 
 
 def _task():
-    from comlrl_lightning.data.tasks import load_task_items
+    from comlrl_lightning.data.sources import load_task_items
     from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 
     return load_task_items("builtin:cooperative"), FORMATTERS, cooperative_reward
@@ -32,7 +32,7 @@ def _task():
 
 def marlhf(model_dir: str, seed: int, root: str | None = None, **overrides: Any):
     """Offline MARLHF, magrpo backend, 20 items: one reward model fitted on the initial policy's pairs, then RL."""
-    from comlrl_lightning.config_marlhf import MARLHFConfig
+    from comlrl_lightning.config.marlhf import MARLHFConfig
     from comlrl_lightning.trainers.marlhf import MARLHFTrainer
 
     items, formatters, reward = _task()
@@ -49,7 +49,7 @@ def marlhf(model_dir: str, seed: int, root: str | None = None, **overrides: Any)
 
 def marlhf_iter(model_dir: str, seed: int, root: str | None = None, **overrides: Any):
     """Iterative MARLHF, magrpo backend, 20 items: 2 rounds of pairs -> fresh reward model -> RL epoch."""
-    from comlrl_lightning.config_marlhf import MARLHFIterConfig
+    from comlrl_lightning.config.marlhf import MARLHFIterConfig
     from comlrl_lightning.trainers.marlhf import MARLHFIterTrainer
 
     items, formatters, reward = _task()
@@ -84,7 +84,7 @@ def madpo(model_dir: str, seed: int, root: str | None = None, **overrides: Any):
 def madpo_iter(model_dir: str, seed: int, root: str | None = None, **overrides: Any):
     """Iterative MADPO (configs/madpo/iterative_tiny.yaml on 20 items): 3 rounds against the previous policy."""
     from comlrl_lightning.config import MADPOIterConfig
-    from comlrl_lightning.trainers.iterative import MADPOIterTrainer
+    from comlrl_lightning.trainers.madpo import MADPOIterTrainer
 
     items, formatters, reward = _task()
     kw = dict(num_iterations=3, num_train_epochs=1, agent_learning_rate=1e-2, preference_num_candidates=4,
@@ -155,7 +155,7 @@ RECIPES: dict[str, Callable[..., Any]] = {
 
 def evaluate(trainer: Any) -> float:
     """Mean task reward of the team on the held-out items (fixed streams)."""
-    from comlrl_lightning.data.tasks import load_task_items
+    from comlrl_lightning.data.sources import load_task_items
     from comlrl_lightning.evaluation import evaluate_team
 
     dm = trainer.datamodule

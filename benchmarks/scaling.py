@@ -65,7 +65,7 @@ def _collect_times(rank: int, world_size: int, port: int, model_dir: str, opts: 
         team = build_agents(model_dir, num_agents=2)
         settings = SamplingSettings(max_new_tokens=opts["new_tokens"], temperature=1.0, top_p=1.0, top_k=None)
     else:  # 2-turn MAGRPO rollouts of this rank's prompts, as the DistributedSampler would hand them out
-        from comlrl_lightning.config_rl import MAGRPOConfig
+        from comlrl_lightning.config.magrpo import MAGRPOConfig
         from comlrl_lightning.distributed import shard_bounds
         from comlrl_lightning.modules.magrpo import MAGRPOModule
         from comlrl_lightning.multiturn.transitions import plain_transition

@@ -22,7 +22,7 @@ def run(model_dir: str, backend: str, lora: bool, stale: bool, lr: float) -> lis
     import torch
 
     from comlrl_lightning.config import MAGRPOConfig
-    from comlrl_lightning.data.tasks import load_task_items
+    from comlrl_lightning.data.sources import load_task_items
     from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
     from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 

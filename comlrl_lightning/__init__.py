@@ -16,13 +16,13 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _LAZY: dict[str, str] = {
     # facades
-    "MADPOTrainer": "comlrl_lightning.trainers.preference",
-    "MADPOIterTrainer": "comlrl_lightning.trainers.iterative",
-    "MAGRPOTrainer": "comlrl_lightning.trainers.reinforce",
-    "MAREINFORCETrainer": "comlrl_lightning.trainers.reinforce",
-    "MARLOOTrainer": "comlrl_lightning.trainers.reinforce",
-    "MAReMaxTrainer": "comlrl_lightning.trainers.reinforce",
-    "CentralizedMAGRPOTrainer": "comlrl_lightning.trainers.reinforce",
+    "MADPOTrainer": "comlrl_lightning.trainers.madpo",
+    "MADPOIterTrainer": "comlrl_lightning.trainers.madpo",
+    "MAGRPOTrainer": "comlrl_lightning.trainers.magrpo",
+    "MAREINFORCETrainer": "comlrl_lightning.trainers.magrpo",
+    "MARLOOTrainer": "comlrl_lightning.trainers.magrpo",
+    "MAReMaxTrainer": "comlrl_lightning.trainers.magrpo",
+    "CentralizedMAGRPOTrainer": "comlrl_lightning.trainers.magrpo",
     "IACTrainer": "comlrl_lightning.trainers.actor_critic",
     "MAACTrainer": "comlrl_lightning.trainers.actor_critic",
     "MARLHFTrainer": "comlrl_lightning.trainers.marlhf",
@@ -36,7 +36,7 @@ _LAZY: dict[str, str] = {
     "MAREINFORCEConfig": "comlrl_lightning.config",
     "MARLOOConfig": "comlrl_lightning.config",
     "MAReMaxConfig": "comlrl_lightning.config",
-    "CentralizedMAGRPOConfig": "comlrl_lightning.config_rl",
+    "CentralizedMAGRPOConfig": "comlrl_lightning.config.magrpo",
     "IACConfig": "comlrl_lightning.config",
     "MAACConfig": "comlrl_lightning.config",
     # LightningModules
@@ -50,12 +50,12 @@ _LAZY: dict[str, str] = {
     "MARLHFActorCriticModule": "comlrl_lightning.modules.marlhf",
     "JointRewardModel": "comlrl_lightning.modules.reward_model",
     # LightningDataModules
-    "PreferenceDataModule": "comlrl_lightning.data.preference",
-    "IterativePreferenceDataModule": "comlrl_lightning.data.iterative",
+    "PreferenceDataModule": "comlrl_lightning.data.madpo",
+    "IterativePreferenceDataModule": "comlrl_lightning.data.madpo",
     "MARLHFIterDataModule": "comlrl_lightning.data.marlhf",
-    "TaskDataModule": "comlrl_lightning.data.tasks_dm",
+    "TaskDataModule": "comlrl_lightning.data.task",
     "CentralizedTaskDataModule": "comlrl_lightning.data.centralized",
-    "RewardPairDataModule": "comlrl_lightning.data.reward_pairs",
+    "RewardPairDataModule": "comlrl_lightning.data.reward_model",
     # the embedded offline default model
     "build_tiny_model": "comlrl_lightning.tiny",
 }

@@ -124,7 +124,7 @@ def resolve_adapter(adapter: Any) -> Any:
     ``parse_completion``; a dotted import path to such an object or to a class (instantiated without
     arguments); or, from YAML, ``{class_path: ..., init_args: {...}}``."""
     from comlrl_lightning.comparators.centralized import TaggedCentralizedComparatorAdapter
-    from comlrl_lightning.data.tasks import resolve_callable
+    from comlrl_lightning.data.sources import resolve_callable
 
     if adapter is None:
         return TaggedCentralizedComparatorAdapter()

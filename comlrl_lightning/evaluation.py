@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from comlrl_lightning.data.tasks import format_prompts
+from comlrl_lightning.data.sources import format_prompts
 from comlrl_lightning.generation import SamplingStream
 from comlrl_lightning.preferences import sample_team
 

@@ -266,7 +266,7 @@ def collect_offline_pairs(
     dataset order, so the pair order is dataset order then selection order. ``item_offset`` is the dataset
     index of ``items[0]`` (a rank's shard starts there, docs/scaling.md, section 1); the oracle sees dataset indices.
     """
-    from comlrl_lightning.data.tasks import format_prompts
+    from comlrl_lightning.data.sources import format_prompts
 
     pairs: list[PreferencePair] = []
     total = CollectionStats()

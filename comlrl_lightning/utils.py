@@ -7,7 +7,7 @@ docs/coming-from-comlrl.md says what replaces each).
 
 from __future__ import annotations
 
-from comlrl_lightning.data.tasks import build_formatters
+from comlrl_lightning.data.sources import build_formatters
 from comlrl_lightning.distributions import resolve_reward_range
 from comlrl_lightning.rewards import RewardProcessors, call_reward_function, set_reward_range
 

@@ -11,12 +11,12 @@ import os
 import sys
 
 import comlrl_lightning.callbacks.iterative_collection as iterative_collection
-import comlrl_lightning.callbacks.learned_reward as learned_reward
+import comlrl_lightning.callbacks.reward_model as learned_reward
 import comlrl_lightning.modules.actor_critic as actor_critic
 import comlrl_lightning.modules.magrpo as magrpo
 import comlrl_lightning.preferences as preferences
 from comlrl_lightning.config import IACConfig, MAACConfig
-from comlrl_lightning.config_marlhf import MARLHFConfig, MARLHFIterConfig
+from comlrl_lightning.config.marlhf import MARLHFConfig, MARLHFIterConfig
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.trainers.actor_critic import IACTrainer, MAACTrainer
 from comlrl_lightning.trainers.marlhf import MARLHFIterTrainer, MARLHFTrainer

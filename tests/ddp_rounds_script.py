@@ -19,8 +19,7 @@ import comlrl_lightning.modules.madpo as madpo
 import comlrl_lightning.preferences as preferences
 import comlrl_lightning.replay_store as replay_store
 from comlrl_lightning.config import MADPOConfig, MADPOIterConfig
-from comlrl_lightning.data.iterative import IterativePreferenceDataModule
-from comlrl_lightning.data.preference import PreferenceDataModule
+from comlrl_lightning.data.madpo import IterativePreferenceDataModule, PreferenceDataModule
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 
 out_dir, model_dir, kind, num_items = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -116,7 +115,7 @@ if kind == "madpo":
 else:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from comlrl_lightning.trainers.iterative import MADPOIterTrainer
+    from comlrl_lightning.trainers.madpo import MADPOIterTrainer
 
     def build(max_epochs, callbacks=(), root=out_dir):
         args = MADPOIterConfig(num_iterations=3, preference_replay_mode="all_history", preference_replay_sample_size=4,

@@ -22,7 +22,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from comlrl_lightning.config import MADPOIterConfig, MAGRPOConfig
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.multiturn.transitions import plain_transition
-from comlrl_lightning.trainers.iterative import MADPOIterTrainer
+from comlrl_lightning.trainers.madpo import MADPOIterTrainer
 from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 
 out_dir, model_dir, fit, mode = sys.argv[1:5]

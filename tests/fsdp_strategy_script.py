@@ -53,14 +53,14 @@ def build(name: str, strategy):
         return MADPOTrainer(args=args, trainer_kwargs=tk, **common)
     if name == "madpo_iter":  # 2 rounds, the current team as comparator, replay of every round
         from comlrl_lightning.config import MADPOIterConfig
-        from comlrl_lightning.trainers.iterative import MADPOIterTrainer
+        from comlrl_lightning.trainers.madpo import MADPOIterTrainer
 
         args = MADPOIterConfig(num_iterations=2, preference_num_candidates=4, preference_pairs_per_sample=2,
                                train_batch_size=1, preference_replay_mode="all_history",
                                preference_replay_sample_size=4, **{**sampling, "max_new_tokens": 6})
         return MADPOIterTrainer(args=args, evaluation=False, trainer_kwargs=tk, eval_dataset=None, **common)
     if name == "marlhf":  # a reward model fitted on collected pairs (replicated), then MAGRPO on it
-        from comlrl_lightning.config_marlhf import MARLHFConfig
+        from comlrl_lightning.config.marlhf import MARLHFConfig
         from comlrl_lightning.trainers.marlhf import MARLHFTrainer
 
         args = MARLHFConfig(num_generations=2, rollout_buffer_size=1, preference_num_candidates=4,

@@ -6,8 +6,8 @@ import lightning as L
 from conftest import cpu_trainer_kwargs
 
 from comlrl_lightning.config import MADPOIterConfig
-from comlrl_lightning.data.iterative import IterativePreferenceDataModule
-from comlrl_lightning.data.tasks import load_task_items
+from comlrl_lightning.data.madpo import IterativePreferenceDataModule
+from comlrl_lightning.data.sources import load_task_items
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.modules.madpo import MADPOModule
 
@@ -26,7 +26,7 @@ def iter_args(**overrides) -> MADPOIterConfig:
 
 def make_trainer(model_dir, root, args=None, num_items: int = 6, reward_func=cooperative_reward, callbacks=(),
                  trainer_kwargs=None, **kw):
-    from comlrl_lightning.trainers.iterative import MADPOIterTrainer
+    from comlrl_lightning.trainers.madpo import MADPOIterTrainer
 
     tk = cpu_trainer_kwargs(default_root_dir=str(root))
     tk.update(trainer_kwargs or {})

@@ -121,7 +121,7 @@ def _runs(model_dir, root):
     from comlrl_lightning.multiturn.transitions import plain_transition
     from comlrl_lightning.rewards import set_reward_range
     from comlrl_lightning.trainers.actor_critic import IACTrainer, MAACTrainer
-    from comlrl_lightning.trainers.iterative import MADPOIterTrainer
+    from comlrl_lightning.trainers.madpo import MADPOIterTrainer
     from comlrl_lightning.trainers.marlhf import MARLHFIterTrainer
     from comlrl_lightning.trainers.preference import MADPOTrainer
     from comlrl_lightning.trainers.reinforce import MAGRPOTrainer

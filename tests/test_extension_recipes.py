@@ -20,9 +20,9 @@ from comlrl_lightning.callbacks import (
     ReplaySelection,
     TaskRewardEvaluation,
 )
-from comlrl_lightning.data.iterative import IterativePreferenceDataModule
-from comlrl_lightning.data.tasks import format_prompts
-from comlrl_lightning.data.tasks_dm import TaskDataModule
+from comlrl_lightning.data.madpo import IterativePreferenceDataModule
+from comlrl_lightning.data.sources import format_prompts
+from comlrl_lightning.data.task import TaskDataModule
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.generation import Samples, SamplingStream
 from comlrl_lightning.logprobs import build_scoring_batch, sequence_logps

@@ -27,7 +27,7 @@ def layer_of(module: str) -> int:
     head = module.split(".")[0]
     if head in ("trainers", "cli", "__main__", "__init__", ""):
         return TOP
-    if head in ("modules", "callbacks") or (head == "data" and module != "data.tasks"):
+    if head in ("modules", "callbacks") or (head == "data" and module != "data.sources"):
         return LIGHTNING
     return COMPONENT
 

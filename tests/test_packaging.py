@@ -87,7 +87,7 @@ def test_installed_wheel_imports_and_runs_outside_the_repo(built):
         "import json, comlrl_lightning, comlrl_lightning.callbacks as cb\n"
         "import comlrl_lightning.envs.cooperative as coop\n"
         "from comlrl_lightning.callbacks import PreferenceCollection, TaskRewardEvaluation, ExportAgents\n"
-        "import comlrl_lightning.data.tasks, comlrl_lightning.agents, comlrl_lightning.cli as cli\n"
+        "import comlrl_lightning.data.sources, comlrl_lightning.agents, comlrl_lightning.cli as cli\n"
         "print('RESULT:' + json.dumps({'pkg': comlrl_lightning.__file__, 'callbacks': cb.__file__,\n"
         "      'cli': cli.__file__, 'pc': PreferenceCollection.__module__, 'data': str(coop.DATA_FILE),\n"
         "      'data_ok': coop.DATA_FILE.is_file()}), flush=True)\n"

@@ -17,13 +17,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 # the public names and where they live (written out here, not read from the package's own table)
 HOMES = {
-    "MADPOTrainer": "comlrl_lightning.trainers.preference",
-    "MADPOIterTrainer": "comlrl_lightning.trainers.iterative",
-    "MAGRPOTrainer": "comlrl_lightning.trainers.reinforce",
-    "MAREINFORCETrainer": "comlrl_lightning.trainers.reinforce",
-    "MARLOOTrainer": "comlrl_lightning.trainers.reinforce",
-    "MAReMaxTrainer": "comlrl_lightning.trainers.reinforce",
-    "CentralizedMAGRPOTrainer": "comlrl_lightning.trainers.reinforce",
+    "MADPOTrainer": "comlrl_lightning.trainers.madpo",
+    "MADPOIterTrainer": "comlrl_lightning.trainers.madpo",
+    "MAGRPOTrainer": "comlrl_lightning.trainers.magrpo",
+    "MAREINFORCETrainer": "comlrl_lightning.trainers.magrpo",
+    "MARLOOTrainer": "comlrl_lightning.trainers.magrpo",
+    "MAReMaxTrainer": "comlrl_lightning.trainers.magrpo",
+    "CentralizedMAGRPOTrainer": "comlrl_lightning.trainers.magrpo",
     "IACTrainer": "comlrl_lightning.trainers.actor_critic",
     "MAACTrainer": "comlrl_lightning.trainers.actor_critic",
     "MARLHFTrainer": "comlrl_lightning.trainers.marlhf",
@@ -36,7 +36,7 @@ HOMES = {
     "MAREINFORCEConfig": "comlrl_lightning.config",
     "MARLOOConfig": "comlrl_lightning.config",
     "MAReMaxConfig": "comlrl_lightning.config",
-    "CentralizedMAGRPOConfig": "comlrl_lightning.config_rl",
+    "CentralizedMAGRPOConfig": "comlrl_lightning.config.magrpo",
     "IACConfig": "comlrl_lightning.config",
     "MAACConfig": "comlrl_lightning.config",
     "MADPOModule": "comlrl_lightning.modules.madpo",
@@ -48,12 +48,12 @@ HOMES = {
     "MARLHFModule": "comlrl_lightning.modules.marlhf",
     "MARLHFActorCriticModule": "comlrl_lightning.modules.marlhf",
     "JointRewardModel": "comlrl_lightning.modules.reward_model",
-    "PreferenceDataModule": "comlrl_lightning.data.preference",
-    "IterativePreferenceDataModule": "comlrl_lightning.data.iterative",
+    "PreferenceDataModule": "comlrl_lightning.data.madpo",
+    "IterativePreferenceDataModule": "comlrl_lightning.data.madpo",
     "MARLHFIterDataModule": "comlrl_lightning.data.marlhf",
-    "TaskDataModule": "comlrl_lightning.data.tasks_dm",
+    "TaskDataModule": "comlrl_lightning.data.task",
     "CentralizedTaskDataModule": "comlrl_lightning.data.centralized",
-    "RewardPairDataModule": "comlrl_lightning.data.reward_pairs",
+    "RewardPairDataModule": "comlrl_lightning.data.reward_model",
     "build_tiny_model": "comlrl_lightning.tiny",
 }
 
@@ -79,7 +79,7 @@ def test_from_import_and_star_import():
     from comlrl_lightning import JointRewardModel, MADPOIterConfig, MADPOTrainer, MAGRPOConfig, build_tiny_model
     from comlrl_lightning.config import MADPOIterConfig as home_config
     from comlrl_lightning.modules.reward_model import JointRewardModel as home_rm
-    from comlrl_lightning.trainers.preference import MADPOTrainer as home_trainer
+    from comlrl_lightning.trainers.madpo import MADPOTrainer as home_trainer
 
     assert (MADPOTrainer, MADPOIterConfig, JointRewardModel) == (home_trainer, home_config, home_rm)
     assert MAGRPOConfig().num_agents == 2 and callable(build_tiny_model)

@@ -12,7 +12,7 @@ from conftest import cpu_trainer_kwargs
 from comlrl_lightning.callbacks import TaskRewardEvaluation
 from comlrl_lightning.callbacks.best_agents import BestAgents
 from comlrl_lightning.config import MAGRPOConfig
-from comlrl_lightning.data.tasks import load_task_items
+from comlrl_lightning.data.sources import load_task_items
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.modules.magrpo import MAGRPOModule
 from comlrl_lightning.trainers.reinforce import MAGRPOTrainer

@@ -12,7 +12,7 @@ from comlrl_lightning.comparators.local import (
     HistoryComparator,
     ModelComparator,
 )
-from comlrl_lightning.data.tasks import format_prompts
+from comlrl_lightning.data.sources import format_prompts
 from comlrl_lightning.engines import engine_of
 from comlrl_lightning.engines.verify import EngineSyncError, check_comparator_samples
 from comlrl_lightning.envs.cooperative import FORMATTERS

@@ -9,8 +9,8 @@ import torch
 
 def test_learned_reward_model_is_exported_to_the_run_folder(tiny_model_dir, tmp_path):
     from comlrl_lightning.callbacks import ExportAgents
-    from comlrl_lightning.learned_reward import LearnedRewardOracle
     from comlrl_lightning.modules.reward_model import JointRewardModel
+    from comlrl_lightning.reward_model import LearnedRewardOracle
 
     reward_model = JointRewardModel(tiny_model_dir, seed=0)
     module = SimpleNamespace(train_oracle=LearnedRewardOracle(reward_model))  # what LearnedRewardFit hands over
@@ -31,8 +31,8 @@ def test_length_aware_head_is_exported_with_num_agents(tiny_model_dir, tmp_path)
     import json
 
     from comlrl_lightning.callbacks.export import save_reward_model
+    from comlrl_lightning.config.reward_model import RewardModelOptions
     from comlrl_lightning.modules.reward_model import JointRewardModel
-    from comlrl_lightning.reward_model import RewardModelOptions
 
     model = JointRewardModel(tiny_model_dir, args=RewardModelOptions(reward_length_features="add"), num_agents=2)
     with torch.no_grad():

@@ -16,7 +16,7 @@ from comlrl_lightning.comparators.local import (
     build_comparator,
     history_snapshot_dir,
 )
-from comlrl_lightning.data.tasks import format_prompts
+from comlrl_lightning.data.sources import format_prompts
 from comlrl_lightning.envs.cooperative import FORMATTERS
 from comlrl_lightning.generation import Samples, SamplingStream
 from comlrl_lightning.modules.madpo import MADPOModule

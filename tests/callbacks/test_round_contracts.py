@@ -23,7 +23,7 @@ from comlrl_lightning.callbacks import (
     TaskRewardEvaluation,
 )
 from comlrl_lightning.comparators.local import CurrentComparator
-from comlrl_lightning.data.iterative import IterativePreferenceDataModule
+from comlrl_lightning.data.madpo import IterativePreferenceDataModule
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.protocols import Comparator, RoundData, TeamModule, check_protocol
 

@@ -1,4 +1,4 @@
-"""chat_prompt / with_chat_template (data/tasks.py): the tokenizer's chat template around a formatter's prompt,
+"""chat_prompt / with_chat_template (data/sources.py): the tokenizer's chat template around a formatter's prompt,
 off on request, and the plain prompt where a tokenizer has no template (docs/models.md)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from comlrl_lightning.agents import load_tokenizer
-from comlrl_lightning.data.tasks import chat_prompt, with_chat_template
+from comlrl_lightning.data.sources import chat_prompt, with_chat_template
 from comlrl_lightning.envs.code.prompts import FORMATTERS
 
 ITEM = {"prompt": "def add(a, b):\n    \"\"\"Add.\"\"\"\n", "entry_point": "add", "test": "def check(c): pass"}

@@ -14,7 +14,7 @@ from conftest import cpu_trainer_kwargs
 
 from comlrl_lightning.agents import load_tokenizer
 from comlrl_lightning.config import MADPOConfig, MAGRPOConfig
-from comlrl_lightning.data.tasks import (
+from comlrl_lightning.data.sources import (
     build_formatters,
     chat_prompt,
     is_embedded_tiny,
@@ -136,7 +136,7 @@ def test_facade_path(tiny_model_dir, chat_model_dir):
 def test_module_path(chat_model_dir):
     import lightning as L
 
-    from comlrl_lightning.data.tasks_dm import TaskDataModule
+    from comlrl_lightning.data.task import TaskDataModule
     from comlrl_lightning.modules.magrpo import MAGRPOModule
 
     for mode, templated in ((None, True), (False, False)):

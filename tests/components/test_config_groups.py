@@ -162,10 +162,3 @@ def test_public_configs_keep_their_own_defaults():
     assert (IACConfig().critic_learning_rate, MARLHFConfig().critic_learning_rate) == (5e-6, None)
     assert (MADPOIterConfig().num_train_epochs, MARLHFIterConfig().num_train_epochs) == (1, 2)
     assert not hasattr(MAACConfig(), "value_clip_range") and not hasattr(MADPOConfig(), "num_generations")
-
-
-def test_old_module_paths_still_import():
-    from comlrl_lightning import config_ac, config_marlhf, config_rl
-
-    assert config_ac.IACConfig is IACConfig and config_rl.MARLOOConfig is MARLOOConfig
-    assert config_marlhf.MARLHFIterConfig is MARLHFIterConfig

@@ -1,11 +1,11 @@
-"""A hub dataset name may carry CoMLRL's split and slice (``OpenMLRL/CoopHumanEval:train[16:]``, data/tasks.py):
+"""A hub dataset name may carry CoMLRL's split and slice (``OpenMLRL/CoopHumanEval:train[16:]``, data/sources.py):
 the name and the split reach ``datasets.load_dataset`` apart; without one, the split of the role (train/test)."""
 
 from __future__ import annotations
 
 import pytest
 
-from comlrl_lightning.data.tasks import load_task_items
+from comlrl_lightning.data.sources import load_task_items
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from comlrl_lightning.data.preference import pair_loader
-from comlrl_lightning.data.tasks_dm import ResumableLoader, task_loader
+from comlrl_lightning.data.madpo import pair_loader
+from comlrl_lightning.data.task import ResumableLoader, task_loader
 from comlrl_lightning.modules.base import warn_unresumable_position
 
 ITEMS = [{"prompt": f"item {i}"} for i in range(10)]

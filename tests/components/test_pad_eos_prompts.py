@@ -14,7 +14,7 @@ import pytest
 import torch
 from pad_eos_helpers import EOS, PAD, prompts_with
 
-from comlrl_lightning.config_rl import MAGRPOConfig
+from comlrl_lightning.config.magrpo import MAGRPOConfig
 from comlrl_lightning.engines import engine_of
 from comlrl_lightning.generation import SamplingSettings, SamplingStream, cut_at_pad
 from comlrl_lightning.logprobs import scored_token_logps, trim_at_pad, trim_completion

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from comlrl_lightning.agents import build_agents
-from comlrl_lightning.config_rl import MAGRPOConfig, MAREINFORCEConfig
+from comlrl_lightning.config.magrpo import MAGRPOConfig, MAREINFORCEConfig
 from comlrl_lightning.logprobs import build_scoring_batch, token_logps
 from comlrl_lightning.losses import kl_penalized_returns
 from comlrl_lightning.multiturn.tree import AgentDraw, build_tree, node_samples

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from comlrl_lightning.data.tasks import build_formatters, format_prompts, load_task_items
+from comlrl_lightning.data.sources import build_formatters, format_prompts, load_task_items
 from comlrl_lightning.envs.cooperative import DATA_FILE
 
 RECORDS = [
@@ -134,7 +134,7 @@ def test_formatter_must_return_a_nonempty_string():
 
 
 def test_an_empty_dataset_file_is_an_error_naming_it(tmp_path):
-    from comlrl_lightning.data.tasks_dm import TaskDataModule
+    from comlrl_lightning.data.task import TaskDataModule
 
     empty = tmp_path / "items.jsonl"
     empty.write_text("\n")
@@ -143,7 +143,7 @@ def test_an_empty_dataset_file_is_an_error_naming_it(tmp_path):
 
 
 def test_the_data_module_refuses_a_transition_that_cannot_take_the_arguments():
-    from comlrl_lightning.data.tasks_dm import TaskDataModule
+    from comlrl_lightning.data.task import TaskDataModule
 
     with pytest.raises(ValueError, match="cannot be called as a transition"):
         TaskDataModule(external_transition=lambda only_one: only_one, num_agents=2)

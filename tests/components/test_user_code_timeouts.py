@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import cpu_trainer_kwargs
 
-from comlrl_lightning.data.tasks_dm import TaskDataModule
+from comlrl_lightning.data.task import TaskDataModule
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.multiturn.transitions import TransitionError, bound_transition, call_transition, plain_transition
 from comlrl_lightning.rewards import BoundedCall, RewardError, RewardOracle, set_reward_range
@@ -92,7 +92,7 @@ def test_a_transition_past_its_timeout_names_turn_branch_item_and_function(relea
 
 
 def test_the_data_module_bounds_both_and_a_fit_stops_on_a_stuck_reward(tiny_model_dir, release):
-    from comlrl_lightning.config_rl import MAGRPOConfig
+    from comlrl_lightning.config.magrpo import MAGRPOConfig
     from comlrl_lightning.modules.magrpo import MAGRPOModule
 
     seen = []

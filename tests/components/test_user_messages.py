@@ -17,7 +17,7 @@ def test_missing_local_folder_is_reported_as_such(tmp_path):
 
 
 def test_missing_prompt_field_names_the_option():
-    from comlrl_lightning.data.tasks import build_formatters, format_prompts
+    from comlrl_lightning.data.sources import build_formatters, format_prompts
 
     with pytest.raises(ValueError, match=r"data\.prompt_field.*'prompt'") as exc:
         format_prompts([{"question": "2+2?"}], build_formatters(None, 2))

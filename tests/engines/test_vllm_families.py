@@ -34,9 +34,9 @@ AC = dict(num_generations=1, rollout_buffer_size=2, train_batch_size=2, critic_l
 
 def _build(family: str, model_dir: str, root) -> object:
     from comlrl_lightning.config import IACConfig, MAACConfig, MADPOIterConfig, MAGRPOConfig
-    from comlrl_lightning.config_marlhf import MARLHFConfig, MARLHFIterConfig
+    from comlrl_lightning.config.marlhf import MARLHFConfig, MARLHFIterConfig
     from comlrl_lightning.trainers.actor_critic import IACTrainer, MAACTrainer
-    from comlrl_lightning.trainers.iterative import MADPOIterTrainer
+    from comlrl_lightning.trainers.madpo import MADPOIterTrainer
     from comlrl_lightning.trainers.marlhf import MARLHFIterTrainer, MARLHFTrainer
     from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 
@@ -99,7 +99,7 @@ def test_model_comparator_is_served_by_a_vllm_engine_of_its_own(vllm_model_dir, 
     """``comparator_policy="model"`` with vLLM learners: the comparator model gets its own vLLM engine (the
     learner's settings), which samples the comparator side and is shut down when the fit ends."""
     from comlrl_lightning.config import MADPOIterConfig
-    from comlrl_lightning.trainers.iterative import MADPOIterTrainer
+    from comlrl_lightning.trainers.madpo import MADPOIterTrainer
 
     made, counters = [], []
     engine_for = VLLMEngine.engine_for

@@ -19,8 +19,8 @@ from conftest import cpu_trainer_kwargs  # noqa: E402
 from learning_seed import LEARNING_SEED  # noqa: E402
 
 from comlrl_lightning.callbacks.evaluation import evaluate_team  # noqa: E402
-from comlrl_lightning.config_rl import MAGRPOConfig  # noqa: E402
-from comlrl_lightning.data.tasks import load_task_items  # noqa: E402
+from comlrl_lightning.config.magrpo import MAGRPOConfig  # noqa: E402
+from comlrl_lightning.data.sources import load_task_items  # noqa: E402
 from comlrl_lightning.engines.vllm import EngineError, VLLMEngine  # noqa: E402
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward  # noqa: E402
 from comlrl_lightning.trainers.reinforce import MAGRPOTrainer  # noqa: E402

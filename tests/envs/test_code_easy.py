@@ -15,7 +15,7 @@ def easy():
 
 
 def test_easy_tier_is_well_formed(easy):
-    from comlrl_lightning.data.tasks import load_task_items
+    from comlrl_lightning.data.sources import load_task_items
 
     assert len(easy) == 24 and len({r["task_id"] for r in easy}) == 24
     assert [r["task_id"] for r in load_task_items("builtin:code_easy[-3:]")] == [r["task_id"] for r in easy[-3:]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from comlrl_lightning.data.tasks_dm import TaskDataModule
+from comlrl_lightning.data.task import TaskDataModule
 from comlrl_lightning.envs.code import FORMATTERS, code_reward_func, make_code_transition
 
 ITEM = {"task_id": "t/0", "entry_point": "sum_sq",

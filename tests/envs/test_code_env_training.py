@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from conftest import cpu_trainer_kwargs
 
-from comlrl_lightning.config_rl import MAGRPOConfig
-from comlrl_lightning.data.tasks import load_task_items
+from comlrl_lightning.config.magrpo import MAGRPOConfig
+from comlrl_lightning.data.sources import load_task_items
 from comlrl_lightning.envs.code import FORMATTERS, code_reward_func, make_code_transition
 from comlrl_lightning.envs.code.sandbox import unavailable_reason
 from comlrl_lightning.trainers.reinforce import MAGRPOTrainer

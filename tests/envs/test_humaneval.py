@@ -12,7 +12,7 @@ import importlib.util
 
 import pytest
 
-from comlrl_lightning.data.tasks import load_task_items
+from comlrl_lightning.data.sources import load_task_items
 from comlrl_lightning.envs.code.problems import humaneval_item, humaneval_path
 from comlrl_lightning.envs.code.rewards import MAX_REWARD, code_rewards
 

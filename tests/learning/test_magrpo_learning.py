@@ -11,8 +11,8 @@ from conftest import cpu_trainer_kwargs
 from learning_seed import LEARNING_SEED
 
 from comlrl_lightning.callbacks.evaluation import evaluate_team
-from comlrl_lightning.config_rl import MAGRPOConfig
-from comlrl_lightning.data.tasks import load_task_items
+from comlrl_lightning.config.magrpo import MAGRPOConfig
+from comlrl_lightning.data.sources import load_task_items
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.multiturn.transitions import plain_transition
 from comlrl_lightning.trainers.reinforce import MAGRPOTrainer

@@ -14,8 +14,8 @@ import torch
 from conftest import cpu_trainer_kwargs
 
 from comlrl_lightning.agents import load_model, load_tokenizer
-from comlrl_lightning.config_ac import IACConfig, MAACConfig
-from comlrl_lightning.data.tasks_dm import TaskDataModule
+from comlrl_lightning.config.actor_critic import IACConfig, MAACConfig
+from comlrl_lightning.data.task import TaskDataModule
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.losses import policy_gradient_loss
 from comlrl_lightning.modules.actor_critic import ActorCriticModule, joint_critic_text, trim_completion

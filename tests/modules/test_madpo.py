@@ -338,7 +338,7 @@ def test_madpo_raises_task_reward_on_builtin_task():
 
 
 def test_pairs_with_only_empty_completions_are_rejected(tiny_model_dir):
-    from comlrl_lightning.data.preference import PreferenceDataModule
+    from comlrl_lightning.data.madpo import PreferenceDataModule
     from comlrl_lightning.preferences import PreferencePair
 
     dm = PreferenceDataModule(train_dataset=ITEMS, eval_dataset=None, reward_func=cooperative_reward,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import cpu_trainer_kwargs
 
-from comlrl_lightning.config_rl import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
+from comlrl_lightning.config.magrpo import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.multiturn.transitions import plain_transition
 from comlrl_lightning.multiturn.tree import NodeSample

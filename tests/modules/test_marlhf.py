@@ -12,11 +12,11 @@ import torch
 from conftest import cpu_trainer_kwargs
 
 from comlrl_lightning.callbacks.evaluation import evaluate_team
-from comlrl_lightning.config_marlhf import MARLHFConfig, MARLHFIterConfig
-from comlrl_lightning.data.tasks import load_task_items
+from comlrl_lightning.config.marlhf import MARLHFConfig, MARLHFIterConfig
+from comlrl_lightning.data.sources import load_task_items
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
-from comlrl_lightning.learned_reward import LearnedRewardOracle
 from comlrl_lightning.preferences import PreferencePair
+from comlrl_lightning.reward_model import LearnedRewardOracle
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"num_train_epochs": 1, "num_generations": 2, "max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0, "top_k": None,
@@ -61,7 +61,7 @@ class StubRewardModel:
 @pytest.fixture
 def stub_fit(monkeypatch):
     """Replace the reward-model fit by a stub model (records the pairs each fit got)."""
-    from comlrl_lightning.callbacks import learned_reward
+    from comlrl_lightning.callbacks import reward_model as learned_reward
 
     fits = []
 
@@ -181,8 +181,8 @@ def test_model_objects_without_reward_model_name_fail_clearly(tiny_model_dir):
 
 
 def _tiny_rm(model_dir, tokenizer=None, **opts):
+    from comlrl_lightning.config.reward_model import RewardModelOptions
     from comlrl_lightning.modules.reward_model import JointRewardModel
-    from comlrl_lightning.reward_model import RewardModelOptions
 
     return JointRewardModel(str(model_dir), tokenizer=tokenizer, args=RewardModelOptions(**opts), seed=0)
 
@@ -228,7 +228,7 @@ def test_pairs_with_empty_text_are_dropped_with_a_warning(tiny_model_dir):
 
 
 def test_train_oracle_replaces_the_task_reward_in_magrpo_training_only(tiny_model_dir):
-    from comlrl_lightning.config_rl import MAGRPOConfig
+    from comlrl_lightning.config.magrpo import MAGRPOConfig
     from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 
     args = MAGRPOConfig(num_train_epochs=1, num_generations=2, max_new_tokens=4, eval_interval=0, eval_num_samples=0)
@@ -246,7 +246,7 @@ def test_train_oracle_replaces_the_task_reward_in_magrpo_training_only(tiny_mode
 
 
 def test_support_clip_bound_is_the_interpolated_quantile():
-    from comlrl_lightning.learned_reward import support_clip_bound
+    from comlrl_lightning.reward_model import support_clip_bound
 
     scores = [4.0, 1.0, 3.0, 2.0, 10.0]  # sorted 1, 2, 3, 4, 10
     assert support_clip_bound(scores, 1.0) == 10.0
@@ -268,8 +268,8 @@ def test_clipped_oracle_caps_scores_in_both_call_styles():
 
 def test_fit_sets_the_clip_bound_from_the_fitted_models_scores_of_its_pairs(tiny_model_dir):
     from comlrl_lightning.callbacks import LearnedRewardFit
-    from comlrl_lightning.learned_reward import support_clip_bound
     from comlrl_lightning.modules.marlhf import MARLHFModule
+    from comlrl_lightning.reward_model import support_clip_bound
 
     pairs = [PreferencePair(["p1", "p2"], ["short", "a much longer elaboration"], ["a long answer here", "x"], 1.0, 0.0, 0.5),
              PreferencePair(["p1", "p2"], ["tiny", "words words words words"], ["words", "w"], 1.0, 0.0, 0.5)]
@@ -418,7 +418,7 @@ def test_marlhf_iter_actor_critic_backend_runs_rounds(tiny_model_dir, tmp_path, 
 
 
 def test_missing_reward_callback_is_a_clear_error(tiny_model_dir):
-    from comlrl_lightning.data.tasks_dm import TaskDataModule
+    from comlrl_lightning.data.task import TaskDataModule
     from comlrl_lightning.modules.marlhf import MARLHFModule
 
     module = MARLHFModule(agent_model=str(tiny_model_dir), args=marlhf_args())
@@ -483,7 +483,7 @@ def test_reward_model_val_accuracy_is_logged_every_round(tiny_model_dir, tmp_pat
 
 
 def test_kept_reward_model_is_the_best_epoch_on_held_out_pairs():
-    from comlrl_lightning.callbacks.learned_reward import _KeepBestValAccuracy
+    from comlrl_lightning.callbacks.reward_model import _KeepBestValAccuracy
 
     model = torch.nn.Linear(1, 1)
     trainer = type("T", (), {"sanity_checking": False, "callback_metrics": {}})()

@@ -13,11 +13,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 
 from comlrl_lightning.config import IACConfig, MAACConfig, MADPOConfig, MADPOIterConfig
-from comlrl_lightning.config_rl import MAGRPOConfig
+from comlrl_lightning.config.magrpo import MAGRPOConfig
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.multiturn.transitions import plain_transition
 from comlrl_lightning.trainers.actor_critic import IACTrainer, MAACTrainer
-from comlrl_lightning.trainers.iterative import MADPOIterTrainer
+from comlrl_lightning.trainers.madpo import MADPOIterTrainer
 from comlrl_lightning.trainers.preference import MADPOTrainer
 from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 

@@ -16,12 +16,12 @@ from conftest import cpu_trainer_kwargs
 from torch import nn
 
 from comlrl_lightning.agents import load_model, load_tokenizer
-from comlrl_lightning.data.reward_pairs import RewardPairDataModule, length_preference_pairs, load_pairs
+from comlrl_lightning.config.reward_model import RewardModelOptions
+from comlrl_lightning.data.reward_model import RewardPairDataModule, length_preference_pairs, load_pairs
 from comlrl_lightning.losses import bradley_terry_loss
 from comlrl_lightning.modules.reward_model import JointRewardModel, fit_reward_model
 from comlrl_lightning.preferences import PreferencePair
 from comlrl_lightning.reward_model import (
-    RewardModelOptions,
     joint_reward_text,
     last_token_pool,
     prompt_part_length,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from comlrl_lightning.config_ac import IACConfig, MAACConfig
+from comlrl_lightning.config.actor_critic import IACConfig, MAACConfig
 from comlrl_lightning.modules.actor_critic import ActorCriticModule
 from comlrl_lightning.modules.base import TeamModuleBase
 from comlrl_lightning.modules.madpo import MADPOModule
@@ -81,7 +81,7 @@ def test_learning_rates_are_logged_per_agent(tiny_model_dir, tmp_path):
 
     from comlrl_lightning.callbacks import PreferenceCollection
     from comlrl_lightning.config import MADPOConfig
-    from comlrl_lightning.data.preference import PreferenceDataModule
+    from comlrl_lightning.data.madpo import PreferenceDataModule
     from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 
     small = {k: v for k, v in SMALL.items() if k != "critic_learning_rate"}

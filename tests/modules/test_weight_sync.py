@@ -10,7 +10,7 @@ from conftest import cpu_trainer_kwargs
 
 from comlrl_lightning.agents import build_agents, load_model, load_tokenizer
 from comlrl_lightning.config import MAGRPOConfig
-from comlrl_lightning.data.tasks import load_task_items
+from comlrl_lightning.data.sources import load_task_items
 from comlrl_lightning.engines.hf import HFEngine
 from comlrl_lightning.engines.verify import EngineSyncError
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward

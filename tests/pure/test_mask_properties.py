@@ -177,7 +177,7 @@ _DM = {}
 
 def preference_dm(num_agents, score_last_token):
     """A PreferenceDataModule whose collate runs on stand-in tokenizers (built once per configuration)."""
-    from comlrl_lightning.data.preference import PreferenceDataModule
+    from comlrl_lightning.data.madpo import PreferenceDataModule
 
     key = (num_agents, score_last_token)
     if key not in _DM:

@@ -14,8 +14,6 @@ import torch
 from comlrl_lightning.files import json_digest
 from comlrl_lightning.replay import (
     REPLAY_MODES,
-    ReplayShard,
-    ReplayStore,
     allocate_draws,
     lambda_decay_weights,
     replay_sample_size,
@@ -25,6 +23,7 @@ from comlrl_lightning.replay import (
     select_replay,
     shard_weights,
 )
+from comlrl_lightning.replay_store import ReplayShard, ReplayStore
 
 
 def make_pair(tag: str, i: int) -> dict:

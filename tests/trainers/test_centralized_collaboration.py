@@ -142,7 +142,7 @@ def test_centralized_madpo_iter_compares_joint_texts_and_replays_them(tiny_model
 
 @pytest.mark.parametrize("iterative", [False, True])
 def test_centralized_marlhf_reward_model_reads_joint_texts(tiny_model_dir, monkeypatch, iterative):
-    from comlrl_lightning.callbacks import learned_reward
+    from comlrl_lightning.callbacks import reward_model as learned_reward
     from comlrl_lightning.trainers.preference import MARLHFIterTrainer, MARLHFTrainer
 
     class Stub:

@@ -130,7 +130,7 @@ def test_fit_evaluates_per_role(tiny_model_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_joint_policy_learns_the_cooperative_task(tiny_model_dir, seed):
-    from comlrl_lightning.data.tasks import load_task_items
+    from comlrl_lightning.data.sources import load_task_items
     from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
     from comlrl_lightning.evaluation import evaluate_team
 

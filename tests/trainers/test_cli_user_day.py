@@ -203,7 +203,7 @@ def test_iterative_printed_config_is_plain_yaml(name, capsys):
 
 def test_every_config_class_dumps_to_safe_yaml():
     import comlrl_lightning.config as config
-    from comlrl_lightning.reward_model import RewardModelOptions
+    from comlrl_lightning.config.reward_model import RewardModelOptions
 
     for cls in (config.MADPOConfig, config.MADPOIterConfig, config.MAGRPOConfig, config.IACConfig, config.MAACConfig,
                 config.MARLHFConfig, config.MARLHFIterConfig, RewardModelOptions):

@@ -7,12 +7,12 @@ from conftest import cpu_trainer_kwargs
 
 from comlrl_lightning.agents import load_tokenizer
 from comlrl_lightning.config import MADPOConfig, MADPOIterConfig
-from comlrl_lightning.config_ac import IACConfig, MAACConfig
-from comlrl_lightning.config_marlhf import MARLHFConfig, MARLHFIterConfig
-from comlrl_lightning.config_rl import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
+from comlrl_lightning.config.actor_critic import IACConfig, MAACConfig
+from comlrl_lightning.config.magrpo import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
+from comlrl_lightning.config.marlhf import MARLHFConfig, MARLHFIterConfig
 from comlrl_lightning.trainers.actor_critic import IACTrainer, MAACTrainer
 from comlrl_lightning.trainers.base import TeamTrainer
-from comlrl_lightning.trainers.iterative import MADPOIterTrainer
+from comlrl_lightning.trainers.madpo import MADPOIterTrainer
 from comlrl_lightning.trainers.marlhf import MARLHFIterTrainer, MARLHFTrainer
 from comlrl_lightning.trainers.preference import MADPOTrainer
 from comlrl_lightning.trainers.reinforce import MAGRPOTrainer, MAREINFORCETrainer, MAReMaxTrainer, MARLOOTrainer

@@ -152,7 +152,7 @@ def _cli_config(tmp_path, server, tiny_model_dir, wandb: bool = False) -> str:
                 "num_agents": 2, "num_iterations": 1, "num_train_epochs": 1, "preference_num_candidates": 2,
                 "preference_pairs_per_sample": 1, "train_batch_size": 2, "max_new_tokens": 4, "eval_interval": 0,
                 **_api_options(server)}}}},
-        "data": {"class_path": "comlrl_lightning.data.iterative.IterativePreferenceDataModule", "init_args": {
+        "data": {"class_path": "comlrl_lightning.data.madpo.IterativePreferenceDataModule", "init_args": {
             "train_dataset": str(train), "reward_func": "comlrl_lightning.envs.cooperative.cooperative_reward",
             "formatters": "comlrl_lightning.envs.cooperative.FORMATTERS", "num_agents": 2, "seed": 0}},
     }

@@ -38,7 +38,7 @@ def test_two_lora_agents_take_two_magrpo_steps_export_and_reload(smollm2_folder,
     from peft import AutoPeftModelForCausalLM
     from transformers import AutoModelForCausalLM
 
-    from comlrl_lightning.config_rl import MAGRPOConfig
+    from comlrl_lightning.config.magrpo import MAGRPOConfig
     from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 
     def reward(a, b, **_):  # longer joint answers score higher: any signal will do for a smoke test
