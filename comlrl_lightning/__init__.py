@@ -14,7 +14,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 # public name -> the module that defines it
-_LAZY: dict[str, str] = {
+PUBLIC_HOMES: dict[str, str] = {
     # facades
     "MADPOTrainer": "comlrl_lightning.trainers.madpo",
     "MADPOIterTrainer": "comlrl_lightning.trainers.madpo",
@@ -60,11 +60,11 @@ _LAZY: dict[str, str] = {
     "build_tiny_model": "comlrl_lightning.tiny",
 }
 
-__all__ = ["__version__", *_LAZY]
+__all__ = ["__version__", *PUBLIC_HOMES]
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
+    module = PUBLIC_HOMES.get(name)
     if module is None:
         raise AttributeError(f"module 'comlrl_lightning' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
@@ -73,4 +73,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return sorted({*globals(), *PUBLIC_HOMES})

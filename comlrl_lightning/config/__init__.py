@@ -7,15 +7,15 @@ once, in the group that declares the option. Every option is validated when the 
 written against CoMLRL keeps matching) and adds the value given and what is allowed.
 """
 
-from comlrl_lightning.config.actor_critic import IACConfig, MAACConfig, _ActorCriticOptions
-from comlrl_lightning.config.checks import _bad, _normalize_choice, check_counts, is_int, is_number
+from comlrl_lightning.config.actor_critic import ActorCriticOptions, IACConfig, MAACConfig
+from comlrl_lightning.config.checks import bad_option, check_counts, is_int, is_number, normalize_choice
 from comlrl_lightning.config.devices import device_count, normalize_parallel_training
 from comlrl_lightning.config.iterative import (
     API_FORMAT_ALIASES,
     COMPARATOR_POLICY_ALIASES,
     GENERATION_MODE_ALIASES,
     REPLAY_MODE_ALIASES,
-    _IterativePreferenceOptions,
+    IterativePreferenceOptions,
 )
 from comlrl_lightning.config.madpo import MADPOConfig, MADPOIterConfig
 from comlrl_lightning.config.magrpo import (
@@ -37,7 +37,7 @@ from comlrl_lightning.config.reference_kl import check_reference_devices
 from comlrl_lightning.config.representers import register_yaml_representers
 from comlrl_lightning.config.reward_model import RewardModelOptions
 from comlrl_lightning.config.sampling import JOINT_MODE_ALIASES, check_sampling
-from comlrl_lightning.config.secrets import _SECRET_HEADER_WORDS, redact_secrets
+from comlrl_lightning.config.secrets import SECRET_HEADER_WORDS, redact_secrets
 
 # Every public config dataclass: the ``args`` a module saves among its hyper-parameters (a checkpoint holds the
 # object, so weights_only loading allow-lists these classes: comlrl_lightning.modules.base).
@@ -67,11 +67,11 @@ __all__ = [
     "RL_ALGORITHMS",
     "RL_ALGORITHM_ALIASES",
     "SCORING_REWARD_ALIASES",
-    "_ActorCriticOptions",
-    "_IterativePreferenceOptions",
-    "_SECRET_HEADER_WORDS",
-    "_bad",
-    "_normalize_choice",
+    "ActorCriticOptions",
+    "IterativePreferenceOptions",
+    "SECRET_HEADER_WORDS",
+    "bad_option",
+    "normalize_choice",
     "check_counts",
     "check_reference_devices",
     "check_sampling",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from comlrl_lightning.config.checks import _bad
+from comlrl_lightning.config.checks import bad_option
 from comlrl_lightning.config.critic import (
     CriticOptions,
     ValueHeadOptions,
@@ -53,7 +53,7 @@ from comlrl_lightning.config.training import (
 
 
 @dataclass
-class _ActorCriticOptions(SeedOptions, CriticOptions, ReferenceKLOptions, BatchOptions, EngineCheckOptions,
+class ActorCriticOptions(SeedOptions, CriticOptions, ReferenceKLOptions, BatchOptions, EngineCheckOptions,
                           GenerationBatchOptions, RolloutOptions, SamplingOptions, NumGenerationsOptions, DeviceOptions,
                           TrainingOptions):
     """Options shared by IAC and MAAC (docs/multiturn.md §1.2; MAAC differences in docs/multiturn.md §1.3), with the
@@ -83,7 +83,7 @@ class _ActorCriticOptions(SeedOptions, CriticOptions, ReferenceKLOptions, BatchO
         check_train_batch_size(self)
         check_num_generations(self, 1)
         if self.num_turns > 1 and self.num_generations != 1:
-            raise _bad(
+            raise bad_option(
                 f"Multi-turn {self._method} currently supports num_generations == 1 (num_turns={self.num_turns}): "
                 "a multi-turn episode is a single trajectory. Set num_generations=1, or num_turns=1 to sample "
                 "several completions per prompt.", self.num_generations, "1 when num_turns > 1")
@@ -103,8 +103,8 @@ class _ActorCriticOptions(SeedOptions, CriticOptions, ReferenceKLOptions, BatchO
     def _check_devices(self) -> None:
         pt = self.parallel_training
         if pt == "mp" and self._separate_critics() and self.critic_devices is None:
-            raise _bad("parallel_training='mp' requires explicit critic_devices.", self.critic_devices,
-                       "a device string or a list of device strings")
+            raise bad_option("parallel_training='mp' requires explicit critic_devices.", self.critic_devices,
+                             "a device string or a list of device strings")
         check_device_list(self, "agent_devices", self.num_agents)
         check_device_list(self, "critic_devices", self._critic_count())
 
@@ -114,7 +114,7 @@ class _ActorCriticOptions(SeedOptions, CriticOptions, ReferenceKLOptions, BatchO
 
 
 @dataclass
-class IACConfig(ValueHeadOptions, _ActorCriticOptions):
+class IACConfig(ValueHeadOptions, ActorCriticOptions):
     """Independent actor-critic (docs/multiturn.md §1.2): one critic per actor.
 
     The critic is a separate causal LM with a value head (``use_separate_critic=True``) or a value head on the
@@ -135,7 +135,7 @@ class IACConfig(ValueHeadOptions, _ActorCriticOptions):
 
 
 @dataclass
-class MAACConfig(_ActorCriticOptions):
+class MAACConfig(ActorCriticOptions):
     """Multi-agent actor-critic with one centralised critic over the joint history (and joint action).
 
     Same options as IAC except: no ``use_separate_critic``/``value_clip_range``/head dims (the critic head's
@@ -152,5 +152,5 @@ class MAACConfig(_ActorCriticOptions):
         super().__post_init__()
         check_critic_learning_rate(self, falls_back=False)
         if self.parallel_training == "mp" and device_count(self.critic_devices) not in (None, 1):
-            raise _bad("MAAC critic_devices must resolve to exactly one device.", self.critic_devices,
-                       "one device string or a one-element list")
+            raise bad_option("MAAC critic_devices must resolve to exactly one device.", self.critic_devices,
+                             "one device string or a one-element list")

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 
-def _bad(message: str, value: Any, allowed: str | None = None) -> ValueError:
+def bad_option(message: str, value: Any, allowed: str | None = None) -> ValueError:
     """A ValueError that says what is wrong, the value given, and what is allowed."""
     text = f"{message} Got {value!r}."
     if allowed:
@@ -31,14 +31,14 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _normalize_choice(option: str, value: Any, aliases: dict[str, str], default: str, message: str) -> str:
+def normalize_choice(option: str, value: Any, aliases: dict[str, str], default: str, message: str) -> str:
     """Strip and lowercase ``value``, map it through ``aliases``; None means ``default``."""
     if value is None:
         return default
     key = str(value).strip().lower()
     if key not in aliases:
         allowed = ", ".join(sorted(set(aliases.values()), key=list(aliases.values()).index))
-        raise _bad(message, value, f"{allowed} (aliases: {', '.join(sorted(aliases))})")
+        raise bad_option(message, value, f"{allowed} (aliases: {', '.join(sorted(aliases))})")
     return aliases[key]
 
 
@@ -47,11 +47,11 @@ def check_counts(cfg: Any, at_least_one: tuple[str, ...], at_least_zero: tuple[s
     for name in at_least_one:
         value = getattr(cfg, name)
         if not is_int(value) or value < 1:
-            raise _bad(f"{name} must be >= 1.", value, "integers >= 1")
+            raise bad_option(f"{name} must be >= 1.", value, "integers >= 1")
     for name in at_least_zero:
         value = getattr(cfg, name)
         if not is_int(value) or value < 0:
-            raise _bad(f"{name} must be >= 0.", value, "integers >= 0")
+            raise bad_option(f"{name} must be >= 0.", value, "integers >= 0")
 
 
 def check_positive(name: str, value: Any, *, nullable: bool = False, message: str | None = None) -> None:
@@ -60,13 +60,13 @@ def check_positive(name: str, value: Any, *, nullable: bool = False, message: st
         return
     if not is_number(value) or not value > 0:
         suffix = " or null" if nullable else ""
-        raise _bad(message or f"{name} must be > 0{suffix}.", value, f"finite numbers > 0{suffix}")
+        raise bad_option(message or f"{name} must be > 0{suffix}.", value, f"finite numbers > 0{suffix}")
 
 
 def check_optional_count(name: str, value: Any) -> None:
     """``value`` must be None or an integer >= 1."""
     if value is not None and (not is_int(value) or value < 1):
-        raise _bad(f"{name} must be >= 1 or null.", value, "integers >= 1 or null")
+        raise bad_option(f"{name} must be >= 1 or null.", value, "integers >= 1 or null")
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from comlrl_lightning.config.checks import _bad, check_optional_count, check_positive
+from comlrl_lightning.config.checks import bad_option, check_optional_count, check_positive
 
 
 @dataclass
@@ -40,7 +40,7 @@ def normalize_critic_type(cfg: Any) -> None:
     """``critic_type``: stripped and lowercased; "v" or "q"."""
     ct = "" if cfg.critic_type is None else str(cfg.critic_type).strip().lower()
     if ct not in ("v", "q"):
-        raise _bad("critic_type must be one of: v, q.", cfg.critic_type, "v, q (case-insensitive)")
+        raise bad_option("critic_type must be one of: v, q.", cfg.critic_type, "v, q (case-insensitive)")
     cfg.critic_type = ct
 
 

@@ -7,7 +7,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from comlrl_lightning.config.checks import SuggestOptions, _bad
+from comlrl_lightning.config.checks import SuggestOptions, bad_option
 
 
 @dataclass
@@ -44,10 +44,10 @@ def normalize_parallel_training(cfg: Any) -> None:
     pt = "none" if cfg.parallel_training is None else str(cfg.parallel_training).strip().lower()
     pt = "none" if pt == "null" else pt
     if pt not in ("none", "mp"):
-        raise _bad("parallel_training only supports: none, mp.", cfg.parallel_training, "none, mp")
+        raise bad_option("parallel_training only supports: none, mp.", cfg.parallel_training, "none, mp")
     if pt == "mp" and cfg.agent_devices is None:
-        raise _bad("parallel_training='mp' requires explicit agent_devices.", cfg.agent_devices,
-                   "a device string or a list of length 1 or num_agents")
+        raise bad_option("parallel_training='mp' requires explicit agent_devices.", cfg.agent_devices,
+                         "a device string or a list of length 1 or num_agents")
     cfg.parallel_training = pt
     cfg.agent_overlap = normalize_agent_overlap(cfg.agent_overlap)
     check_devices_exist(cfg, "agent_devices")
@@ -65,8 +65,8 @@ def check_devices_exist(cfg: Any, name: str) -> None:
     spec = getattr(cfg, name)
     bad = missing_device(spec)
     if bad is not None:
-        raise _bad(f"{name} names {bad!r}, a device this machine does not have.", spec,
-                   "devices of this machine: " + ", ".join(available_devices()))
+        raise bad_option(f"{name} names {bad!r}, a device this machine does not have.", spec,
+                         "devices of this machine: " + ", ".join(available_devices()))
 
 
 def check_device_list(cfg: Any, name: str, expected: int) -> None:
@@ -81,10 +81,10 @@ def check_device_list(cfg: Any, name: str, expected: int) -> None:
     if count is None or (cfg.parallel_training != "mp" and count):
         return
     if count == 0:
-        raise _bad(f"{name} must be a non-empty list or 'auto'.", getattr(cfg, name), "non-empty lists")
+        raise bad_option(f"{name} must be a non-empty list or 'auto'.", getattr(cfg, name), "non-empty lists")
     if count not in (1, expected):
-        raise _bad(f"{name} length ({count}) must be 1 or {expected}.", getattr(cfg, name),
-                   f"a device string or a list of length 1 or {expected}")
+        raise bad_option(f"{name} length ({count}) must be 1 or {expected}.", getattr(cfg, name),
+                         f"a device string or a list of length 1 or {expected}")
 
 
 def warn_unused_devices(cfg: Any, name: str, why: str) -> None:

@@ -11,9 +11,9 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from comlrl_lightning.config.checks import _bad, check_counts, check_optional_count, check_positive, is_int
+from comlrl_lightning.config.checks import bad_option, check_counts, check_optional_count, check_positive, is_int
 from comlrl_lightning.config.devices import DeviceOptions, check_device_list, normalize_parallel_training
-from comlrl_lightning.config.iterative import _IterativePreferenceOptions
+from comlrl_lightning.config.iterative import IterativePreferenceOptions
 from comlrl_lightning.config.reference_kl import ReferenceKLOptions, check_reference_kl_coef
 from comlrl_lightning.config.rollout import (
     AdvantageModeOptions,
@@ -89,8 +89,8 @@ class MADPOConfig(OptimizerOptions, SeedOptions, PreferenceOptions, ReferenceKLO
     # Validation order follows docs/preference.md §2.6 so that the first error matches upstream's.
     def _validate_base(self) -> None:
         if self.collaboration_mode not in ("decentralized", "centralized"):
-            raise _bad("collaboration_mode must be decentralized or centralized.", self.collaboration_mode,
-                       "decentralized, centralized")
+            raise bad_option("collaboration_mode must be decentralized or centralized.", self.collaboration_mode,
+                             "decentralized, centralized")
         check_training_counts(self)
         check_train_batch_size(self)
         normalize_parallel_training(self)
@@ -98,26 +98,26 @@ class MADPOConfig(OptimizerOptions, SeedOptions, PreferenceOptions, ReferenceKLO
         check_reference_kl_coef(self)
         self._validate_reference_kl()
         if self.num_turns != 1:
-            raise _bad("MADPO currently supports num_turns=1 only.", self.num_turns, "1")
+            raise bad_option("MADPO currently supports num_turns=1 only.", self.num_turns, "1")
         if not is_int(self.preference_num_candidates) or self.preference_num_candidates < 2:
-            raise _bad("preference_num_candidates must be >= 2.", self.preference_num_candidates,
-                       "integers >= 2")
+            raise bad_option("preference_num_candidates must be >= 2.", self.preference_num_candidates,
+                             "integers >= 2")
         check_optional_count("preference_pairs_per_sample", self.preference_pairs_per_sample)
         check_positive("dpo_beta", self.dpo_beta)
         check_counts(self, ("environment_steps_per_pair",))
         ps = "reward_gap" if self.pair_selection in (None, "") else str(self.pair_selection).strip().lower()
         if ps not in self._allowed_pair_selection:
             allowed = ", ".join(self._allowed_pair_selection)
-            raise _bad(f"pair_selection must be one of: {allowed}.", self.pair_selection, allowed)
+            raise bad_option(f"pair_selection must be one of: {allowed}.", self.pair_selection, allowed)
         if ps == "all" and self.preference_pairs_per_sample is not None:
-            raise _bad("preference_pairs_per_sample must be null when pair_selection='all'.",
-                       self.preference_pairs_per_sample, "null")
+            raise bad_option("preference_pairs_per_sample must be null when pair_selection='all'.",
+                             self.preference_pairs_per_sample, "null")
         self.pair_selection = ps
         # docs/decisions.md, decision 1: joint_mode is checked here, not at generation time.
         given = self.joint_mode
         if normalize_joint_mode(self) != "aligned":
-            raise _bad(f"{self._method} preference generation currently supports aligned joint_mode only.",
-                       given, "aligned, align")
+            raise bad_option(f"{self._method} preference generation currently supports aligned joint_mode only.",
+                             given, "aligned, align")
         check_counts(self, ("gradient_accumulation_steps",))
         check_positive("gradient_clip_val", self.gradient_clip_val, nullable=True)
         check_sampling(self)
@@ -142,7 +142,7 @@ class MADPOConfig(OptimizerOptions, SeedOptions, PreferenceOptions, ReferenceKLO
 
 
 @dataclass(repr=False)
-class MADPOIterConfig(_IterativePreferenceOptions, MADPOConfig):
+class MADPOIterConfig(IterativePreferenceOptions, MADPOConfig):
     """Options of the iterative MADPO trainer: the base options plus docs/preference.md §2.3 (defaults of
     docs/preference.md §2.4)."""
 

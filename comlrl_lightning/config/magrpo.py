@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from comlrl_lightning.config.checks import _bad
+from comlrl_lightning.config.checks import bad_option
 from comlrl_lightning.config.devices import DeviceOptions, check_device_list, normalize_parallel_training
 from comlrl_lightning.config.reference_kl import ReferenceKLOptions, check_reference_devices, check_reference_kl_coef
 from comlrl_lightning.config.rollout import (
@@ -115,11 +115,11 @@ class CentralizedMAGRPOConfig(MAGRPOConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.collaboration_mode != "centralized":
-            raise _bad("CentralizedMAGRPOConfig requires centralized collaboration: collaboration_mode must be "
-                       "'centralized'.", self.collaboration_mode, "'centralized'")
+            raise bad_option("CentralizedMAGRPOConfig requires centralized collaboration: collaboration_mode must be "
+                             "'centralized'.", self.collaboration_mode, "'centralized'")
         if self.num_turns != 1:
-            raise _bad("Centralized MAGRPO currently supports num_turns=1 only (as CoMLRL 1.4.3).", self.num_turns,
-                       "1")
+            raise bad_option("Centralized MAGRPO currently supports num_turns=1 only (as CoMLRL 1.4.3).",
+                             self.num_turns, "1")
 
     def learner_args(self) -> MAGRPOConfig:
         """The joint learner's options: a plain :class:`MAGRPOConfig` with ``num_agents=1`` (one actor model)."""

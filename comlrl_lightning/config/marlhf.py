@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from comlrl_lightning.config.actor_critic import IACConfig, MAACConfig
-from comlrl_lightning.config.checks import _bad, _normalize_choice, is_number
+from comlrl_lightning.config.checks import bad_option, is_number, normalize_choice
 from comlrl_lightning.config.critic import (
     CriticOptions,
     ValueHeadOptions,
@@ -27,7 +27,7 @@ from comlrl_lightning.config.critic import (
     normalize_critic_type,
 )
 from comlrl_lightning.config.devices import check_device_list, check_devices_exist, warn_unused_devices
-from comlrl_lightning.config.iterative import _IterativePreferenceOptions
+from comlrl_lightning.config.iterative import IterativePreferenceOptions
 from comlrl_lightning.config.madpo import MADPOConfig
 from comlrl_lightning.config.reference_kl import check_reference_devices
 from comlrl_lightning.config.reward_model import RewardModelFields, RewardModelOptions
@@ -108,8 +108,8 @@ class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardMo
     def _validate_marlhf(self) -> None:
         if self.rl_algorithm not in RL_ALGORITHMS:
             allowed = ", ".join(RL_ALGORITHMS)
-            raise _bad(f"rl_algorithm must be one of: {allowed}.", self.rl_algorithm,
-                       f"{allowed} (alias: mareforce)")
+            raise bad_option(f"rl_algorithm must be one of: {allowed}.", self.rl_algorithm,
+                             f"{allowed} (alias: mareforce)")
         if self.rl_algorithm in MAGRPO_FAMILY:
             check_num_generations(self, 2, "num_generations must be >= 2 for MAGRPO-family MARLHF backends.")
             self.advantage_mode = MAGRPO_FAMILY[self.rl_algorithm]
@@ -118,13 +118,13 @@ class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardMo
         check_generation_batch_size(self)
         check_logprob_gap_threshold(self)
         if self.reward_model_name is not None and not isinstance(self.reward_model_name, str):
-            raise _bad("reward_model_name must be provided when agent models are objects.", self.reward_model_name,
-                       "a hub id, a local folder or 'embedded:tiny' (a string), or null")
+            raise bad_option("reward_model_name must be provided when agent models are objects.",
+                             self.reward_model_name, "a hub id, a local folder or 'embedded:tiny' (a string), or null")
         self.check_reward_model_fields()
         q = self.reward_clip_quantile
         if q is not None and (not is_number(q) or not 0 < q <= 1):
-            raise _bad("reward_clip_quantile must be in (0, 1] or null.", q,
-                       "numbers in (0, 1], e.g. 0.95, or null (no clip)")
+            raise bad_option("reward_clip_quantile must be in (0, 1] or null.", q,
+                             "numbers in (0, 1], e.g. 0.95, or null (no clip)")
         if self.reward_model_device is not None:
             import torch
 
@@ -132,7 +132,7 @@ class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardMo
             try:
                 torch.device(device)
             except (RuntimeError, ValueError):
-                raise _bad("reward_model_device must be a torch device string or null.", self.reward_model_device,
+                raise bad_option("reward_model_device must be a torch device string or null.", self.reward_model_device,
                            "'cpu', 'cuda', 'cuda:1', 'mps', ... or null (= the Lightning accelerator)") from None
             self.reward_model_device = device
             check_devices_exist(self, "reward_model_device")
@@ -195,7 +195,7 @@ class MARLHFConfig(ValueHeadOptions, CriticOptions, CriticModelOptions, RewardMo
 
 
 @dataclass(repr=False)
-class MARLHFIterConfig(_IterativePreferenceOptions, MARLHFConfig):
+class MARLHFIterConfig(IterativePreferenceOptions, MARLHFConfig):
     """Iterative MARLHF: MARLHF's options, the iterative options (docs/preference.md §2.3), MARLHFIter's defaults
     (docs/preference.md §2.4)."""
 
@@ -219,7 +219,7 @@ class MARLHFIterConfig(_IterativePreferenceOptions, MARLHFConfig):
     def __post_init__(self) -> None:
         self._validate_base()
         self._validate_iterative()
-        self.preference_scoring_reward = _normalize_choice(
+        self.preference_scoring_reward = normalize_choice(
             "preference_scoring_reward", self.preference_scoring_reward, SCORING_REWARD_ALIASES, "task",
             "preference_scoring_reward must be one of: task, reward_model.")
 

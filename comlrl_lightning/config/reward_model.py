@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from comlrl_lightning.config.checks import _bad
+from comlrl_lightning.config.checks import bad_option
 from comlrl_lightning.config.representers import register_yaml_representers
 
 #: Values of ``reward_length_features``.
@@ -45,24 +45,24 @@ class RewardModelFields:
         """Validate every option of the group (raises ``ValueError`` naming the option, the value and what is
         allowed)."""
         if self.reward_model_name is not None and not isinstance(self.reward_model_name, str):
-            raise _bad("reward_model_name must be a string (hub id, local folder, 'embedded:tiny') or null.",
-                       self.reward_model_name,
-                       "strings or null; pass model objects to JointRewardModel(model=...)")
+            raise bad_option("reward_model_name must be a string (hub id, local folder, 'embedded:tiny') or null.",
+                             self.reward_model_name,
+                             "strings or null; pass model objects to JointRewardModel(model=...)")
         lr = self.reward_learning_rate
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (lr > 0 and math.isfinite(lr)):
-            raise _bad("reward_learning_rate must be > 0.", lr, "finite numbers > 0")
+            raise bad_option("reward_learning_rate must be > 0.", lr, "finite numbers > 0")
         for name in ("reward_num_train_epochs", "reward_train_batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise _bad(f"{name} must be >= 1.", value, "integers >= 1")
+                raise bad_option(f"{name} must be >= 1.", value, "integers >= 1")
         m = self.reward_max_length
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
-            raise _bad("reward_max_length must be >= 1 or null.", m, "integers >= 1 or null")
+            raise bad_option("reward_max_length must be >= 1 or null.", m, "integers >= 1 or null")
         if not isinstance(self.reward_freeze_backbone, bool):
-            raise _bad("reward_freeze_backbone must be a bool.", self.reward_freeze_backbone, "true, false")
+            raise bad_option("reward_freeze_backbone must be a bool.", self.reward_freeze_backbone, "true, false")
         if self.reward_length_features not in LENGTH_FEATURE_MODES:
-            raise _bad("reward_length_features must be one of off, add, only.", self.reward_length_features,
-                       ", ".join(LENGTH_FEATURE_MODES))
+            raise bad_option("reward_length_features must be one of off, add, only.", self.reward_length_features,
+                             ", ".join(LENGTH_FEATURE_MODES))
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from comlrl_lightning.config.checks import _bad, is_int, is_number
+from comlrl_lightning.config.checks import bad_option, is_int, is_number
 from comlrl_lightning.losses import ADVANTAGE_MODES
 
 
@@ -61,7 +61,7 @@ class AdvantageModeOptions:
 def check_discount(cfg: Any) -> None:
     """``discount`` must be a number in [0, 1]."""
     if not is_number(cfg.discount) or not 0 <= cfg.discount <= 1:
-        raise _bad("discount must be in [0, 1].", cfg.discount, "numbers in [0, 1]")
+        raise bad_option("discount must be in [0, 1].", cfg.discount, "numbers in [0, 1]")
 
 
 def check_early_termination_threshold(cfg: Any) -> None:
@@ -71,16 +71,16 @@ def check_early_termination_threshold(cfg: Any) -> None:
     try:
         cfg.early_termination_threshold = float(cfg.early_termination_threshold)
     except (TypeError, ValueError):
-        raise _bad("early_termination_threshold must be a number or null.", cfg.early_termination_threshold,
-                   "numbers or null") from None
+        raise bad_option("early_termination_threshold must be a number or null.", cfg.early_termination_threshold,
+                         "numbers or null") from None
 
 
 def check_advantage_mode(cfg: Any) -> None:
     """``advantage_mode``: stripped and lowercased (None = "mean"); one of mean, raw, max, rloo."""
     mode = "mean" if cfg.advantage_mode is None else str(cfg.advantage_mode).strip().lower()
     if mode not in ADVANTAGE_MODES:
-        raise _bad("advantage_mode must be one of: mean, raw, max, rloo.", cfg.advantage_mode,
-                   ", ".join(ADVANTAGE_MODES))
+        raise bad_option("advantage_mode must be one of: mean, raw, max, rloo.", cfg.advantage_mode,
+                         ", ".join(ADVANTAGE_MODES))
     cfg.advantage_mode = mode
 
 
@@ -88,8 +88,8 @@ def check_generation_batch_size(cfg: Any) -> None:
     """``generation_batch_size``: None (the update window) or an integer >= 1."""
     value = cfg.generation_batch_size
     if value is not None and (not is_int(value) or value < 1):
-        raise _bad("generation_batch_size must be null (the update window) or an integer >= 1.", value,
-                   "null or integers >= 1")
+        raise bad_option("generation_batch_size must be null (the update window) or an integer >= 1.", value,
+                         "null or integers >= 1")
 
 
 def check_logprob_gap_threshold(cfg: Any) -> None:
@@ -99,5 +99,5 @@ def check_logprob_gap_threshold(cfg: Any) -> None:
         cfg.logprob_gap_threshold = "auto"
         return
     if value is not None and (not is_number(value) or value <= 0):
-        raise _bad("logprob_gap_threshold must be \"auto\", a number > 0 (nats per token) or null (no check).",
-                   value, "\"auto\", numbers > 0 such as 0.05, or null")
+        raise bad_option("logprob_gap_threshold must be \"auto\", a number > 0 (nats per token) or null (no check).",
+                         value, "\"auto\", numbers > 0 such as 0.05, or null")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from comlrl_lightning.config.checks import _bad, _normalize_choice, is_int, is_number
+from comlrl_lightning.config.checks import bad_option, is_int, is_number, normalize_choice
 
 GENERATION_BACKENDS = ("hf", "vllm")
 
@@ -57,23 +57,23 @@ def check_sampling(cfg: Any) -> None:
     """Generation settings: max_new_tokens >= 1, temperature > 0, top_p in (0, 1], top_k >= 1 or None,
     generation_backend in :data:`GENERATION_BACKENDS` (stored lowercase), vllm_kwargs a dict."""
     if not is_int(cfg.max_new_tokens) or cfg.max_new_tokens < 1:
-        raise _bad("max_new_tokens must be >= 1.", cfg.max_new_tokens, "integers >= 1")
+        raise bad_option("max_new_tokens must be >= 1.", cfg.max_new_tokens, "integers >= 1")
     if not is_number(cfg.temperature) or not cfg.temperature > 0:
-        raise _bad("temperature must be > 0.", cfg.temperature, "numbers > 0")
+        raise bad_option("temperature must be > 0.", cfg.temperature, "numbers > 0")
     if not is_number(cfg.top_p) or not 0 < cfg.top_p <= 1:
-        raise _bad("top_p must be in (0, 1].", cfg.top_p, "numbers in (0, 1]")
+        raise bad_option("top_p must be in (0, 1].", cfg.top_p, "numbers in (0, 1]")
     if cfg.top_k is not None and (not is_int(cfg.top_k) or cfg.top_k < 1):
-        raise _bad("top_k must be >= 1 or null.", cfg.top_k, "integers >= 1 or null")
+        raise bad_option("top_k must be >= 1 or null.", cfg.top_k, "integers >= 1 or null")
     backend = cfg.generation_backend
     if not isinstance(backend, str) or backend.strip().lower() not in GENERATION_BACKENDS:
-        raise _bad("generation_backend must be one of: hf, vllm.", backend, ", ".join(GENERATION_BACKENDS))
+        raise bad_option("generation_backend must be one of: hf, vllm.", backend, ", ".join(GENERATION_BACKENDS))
     cfg.generation_backend = backend.strip().lower()
     if cfg.use_chat_template is not None and not isinstance(cfg.use_chat_template, bool):
-        raise _bad("use_chat_template must be true, false or null.", cfg.use_chat_template,
-                   "true (every formatter), false (none), null (the library's formatters, docs/models.md)")
+        raise bad_option("use_chat_template must be true, false or null.", cfg.use_chat_template,
+                         "true (every formatter), false (none), null (the library's formatters, docs/models.md)")
     if not isinstance(cfg.vllm_kwargs, dict) or not all(isinstance(k, str) for k in cfg.vllm_kwargs):
-        raise _bad("vllm_kwargs must be a mapping of vllm.LLM keyword arguments.", cfg.vllm_kwargs,
-                   "a dict with string keys, e.g. {kv_cache_memory_bytes: 67108864}")
+        raise bad_option("vllm_kwargs must be a mapping of vllm.LLM keyword arguments.", cfg.vllm_kwargs,
+                         "a dict with string keys, e.g. {kv_cache_memory_bytes: 67108864}")
 
 
 def check_num_generations(cfg: Any, minimum: int, message: str | None = None) -> None:
@@ -81,11 +81,11 @@ def check_num_generations(cfg: Any, minimum: int, message: str | None = None) ->
     value = cfg.num_generations
     if not is_int(value) or value < minimum:
         allowed = f"integers >= {minimum}" + (" (the group baseline needs several samples)" if minimum > 1 else "")
-        raise _bad(message or f"num_generations must be >= {minimum}.", value, allowed)
+        raise bad_option(message or f"num_generations must be >= {minimum}.", value, allowed)
 
 
 def normalize_joint_mode(cfg: Any) -> str:
     """``joint_mode`` through :data:`JOINT_MODE_ALIASES` (None = "aligned"); stores and returns it."""
-    cfg.joint_mode = _normalize_choice("joint_mode", cfg.joint_mode, JOINT_MODE_ALIASES, "aligned",
+    cfg.joint_mode = normalize_choice("joint_mode", cfg.joint_mode, JOINT_MODE_ALIASES, "aligned",
                                        "joint_mode must be one of: aligned, cross.")
     return cfg.joint_mode

@@ -38,7 +38,7 @@ from comlrl_lightning.comparators.api_transport import (
 __all__ = ["REDACTED", "SAFE_BODY_FIELDS", "SAFE_HEADERS", "redact_argv", "redact_body", "redact_headers",
            "redact_secrets", "redact_text", "redact_url", "scrub", "secret_values", "secrets_in_argv"]
 
-_SECRET_HEADER_WORDS = ("auth", "key", "token", "secret", "cookie")
+SECRET_HEADER_WORDS = ("auth", "key", "token", "secret", "cookie")
 _KEY_NAMES = ("comparator_api_key", "api_key", "key")
 _HEADER_NAMES = ("comparator_api_headers", "headers")
 _URL_NAMES = ("comparator_api_url", "url", "base_url")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from comlrl_lightning.config.checks import _bad, check_positive, is_int
+from comlrl_lightning.config.checks import bad_option, check_positive, is_int
 
 #: Integer options and their minimum, in the order their errors are raised (docs/preference.md §2.6).
 COUNT_RULES = (
@@ -63,9 +63,9 @@ def check_training_counts(cfg: Any) -> None:
             continue
         value = getattr(cfg, name)
         if not is_int(value) or value < minimum:
-            raise _bad(f"{name} must be >= {minimum}.", value, f"integers >= {minimum}")
+            raise bad_option(f"{name} must be >= {minimum}.", value, f"integers >= {minimum}")
     if hasattr(cfg, "seed") and not is_int(cfg.seed):
-        raise _bad("seed must be an integer.", cfg.seed, "integers")
+        raise bad_option("seed must be an integer.", cfg.seed, "integers")
 
 
 def check_train_batch_size(cfg: Any) -> None:
@@ -73,7 +73,7 @@ def check_train_batch_size(cfg: Any) -> None:
     if cfg.train_batch_size is None:
         cfg.train_batch_size = cfg.rollout_buffer_size
     if not is_int(cfg.train_batch_size) or cfg.train_batch_size < 1:
-        raise _bad("train_batch_size must be >= 1.", cfg.train_batch_size, "integers >= 1 or null")
+        raise bad_option("train_batch_size must be >= 1.", cfg.train_batch_size, "integers >= 1 or null")
 
 
 def check_agent_learning_rate(cfg: Any) -> None:
