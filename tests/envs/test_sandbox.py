@@ -481,7 +481,7 @@ def test_a_remote_stop_iteration_is_no_stop_iteration():
 def test_seccomp_program_is_well_formed():
     import struct
 
-    from comlrl_lightning.envs.code.sandbox import _SECCOMP_ARCHES, seccomp_program
+    from comlrl_lightning.envs.code.bwrap import _SECCOMP_ARCHES, seccomp_program
 
     assert seccomp_program("sparc") is None
     for machine, (arch, numbers) in _SECCOMP_ARCHES.items():
@@ -498,27 +498,27 @@ def test_seccomp_program_is_well_formed():
 
 
 def test_a_python_prefix_with_secrets_is_refused(tmp_path, monkeypatch):
-    from comlrl_lightning.envs.code import sandbox
+    from comlrl_lightning.envs.code import bwrap
 
     prefix = tmp_path / "python"
     (prefix / "bin").mkdir(parents=True)
-    monkeypatch.setattr(sandbox, "_prefixes", lambda python: (str(prefix),))
-    assert sandbox._python_dirs(str(prefix / "bin" / "python3")) == [str(prefix)]
+    monkeypatch.setattr(bwrap, "_prefixes", lambda python: (str(prefix),))
+    assert bwrap._python_dirs(str(prefix / "bin" / "python3")) == [str(prefix)]
     for secret in (".ssh/id_ed25519", ".netrc", ".cache/huggingface/token"):
         path = prefix / secret
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("secret")
-        with pytest.raises(sandbox.SandboxError, match=f"refusing to mount the Python installation {prefix}.*"
+        with pytest.raises(bwrap.SandboxError, match=f"refusing to mount the Python installation {prefix}.*"
                                                        f"{secret.split('/')[0]}"):
-            sandbox._python_dirs(str(prefix / "bin" / "python3"))
+            bwrap._python_dirs(str(prefix / "bin" / "python3"))
         top = prefix / secret.split("/")[0]
         shutil.rmtree(top) if top.is_dir() else top.unlink()
     monkeypatch.setenv("HOME", str(prefix / "me"))  # a prefix that holds a home directory
-    with pytest.raises(sandbox.SandboxError, match="home directory"):
-        sandbox._python_dirs(str(prefix / "bin" / "python3"))
+    with pytest.raises(bwrap.SandboxError, match="home directory"):
+        bwrap._python_dirs(str(prefix / "bin" / "python3"))
     # A binary outside its prefix (a copy in a home's bin/) is mounted alone, never its folder.
-    monkeypatch.setattr(sandbox, "_prefixes", lambda python: ("/usr",))
-    assert sandbox._python_dirs(str(tmp_path / "bin" / "python3")) == [str(tmp_path / "bin" / "python3")]
+    monkeypatch.setattr(bwrap, "_prefixes", lambda python: ("/usr",))
+    assert bwrap._python_dirs(str(tmp_path / "bin" / "python3")) == [str(tmp_path / "bin" / "python3")]
 
 
 def test_isolation_info_reports_the_new_limits():

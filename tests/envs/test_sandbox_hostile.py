@@ -67,8 +67,8 @@ def unprivileged_results():
         code_dir = top / "repo" / "comlrl_lightning" / "envs" / "code"
         code_dir.mkdir(parents=True)
         src = REPO / "comlrl_lightning" / "envs" / "code"
-        for name in ("sandbox.py", "cases.py", "_sandbox_child.py", "rewards.py", "analysis.py", "transitions.py",
-                     "prompts.py"):
+        for name in ("sandbox.py", "bwrap.py", "cases.py", "_sandbox_child.py", "rewards.py", "analysis.py",
+                     "transitions.py", "prompts.py"):
             shutil.copy(src / name, code_dir / name)
         shutil.copytree(src / "data", code_dir / "data")
         shutil.copy(Path(hostile.__file__), top / "sandbox_hostile_cases.py")

@@ -23,8 +23,12 @@ ignores every signal it has no handler for, SIGKILL included. Records for the tr
 is also the sandbox's watchdog: resident memory, tmpfs files and SysV shared memory against ``memory_mb``,
 files against ``max_tmp_files``, processes against ``max_processes``.
 
-Why one self-contained file: it runs in isolated mode (``-I``), where ``sys.path`` holds neither
-this file's folder nor the package, and the package directory is hidden inside the sandbox.
+Why one self-contained file, and why it is longer than the package's 650-line rule: it runs in isolated
+mode (``-I``), where ``sys.path`` holds neither this file's folder nor the package, and the package
+directory is hidden inside the sandbox, where this file alone is mounted (read-only, at
+``bwrap.INSIDE_CHILD``). So it can import no sibling module: the judge, the worker, the value codec and the
+watchdog must travel as this one file (each with its own section below), and splitting it would mean
+mounting and path-hacking more files into the sandbox.
 """
 
 import ast
