@@ -21,11 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from comlrl_lightning.errors import ModelLoadError
 from comlrl_lightning.tiny import TINY_MODEL_NAME, tiny_model_path
-
-
-class ModelLoadError(RuntimeError):
-    """A model or tokenizer source could not be loaded (the message says why and what to do)."""
 
 
 def resolve_model_source(source: str) -> str:

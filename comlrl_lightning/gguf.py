@@ -27,7 +27,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from comlrl_lightning.agents import ModelLoadError
+from comlrl_lightning.errors import ModelLoadError
 
 CACHE_ENV = "COMLRL_LIGHTNING_CACHE"
 MARKER = "comlrl_gguf.json"

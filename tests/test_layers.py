@@ -1,6 +1,7 @@
-"""The import rule of the package (docs/architecture.md): pure math ← components ← Lightning layer ←
+"""The import rules of the package (docs/architecture.md): pure math ← components ← Lightning layer ←
 trainers/CLI. Every import inside ``comlrl_lightning`` (top-level or inside a function) may only point to
-the same or a lower layer; modules and data modules never import callbacks; no callback imports another.
+the same or a lower layer; modules and data modules never import callbacks; no callback imports another; no
+import circle, deferred imports included; no private name (``_x``) imported from another file.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ def imports_of(module: str, path: Path) -> list[tuple[int, str]]:
                 names = [node.module or ""]
         else:
             continue
+        if isinstance(node, ast.ImportFrom):  # ``from pkg import submodule`` imports the submodule
+            names = names + [f"{names[0]}.{a.name}" for a in node.names]
         for name in names:
             if name == "comlrl_lightning" or name.startswith("comlrl_lightning."):
                 found.append((node.lineno, name[len("comlrl_lightning."):] if "." in name else ""))
@@ -103,5 +106,83 @@ def test_the_rule_catches_an_upward_import(tmp_path):
     path = tmp_path / "losses.py"
     path.write_text("from comlrl_lightning.modules.madpo import MADPOModule\n")
     files = package_files()
-    (line, target), = imports_of("losses", path)
+    (line, target), _ = imports_of("losses", path)
     assert layer_of(resolve(target, files)) > layer_of("losses")
+
+
+def import_graph(files: dict[str, Path]) -> dict[str, set[str]]:
+    """Module → the package modules it imports (top-level or deferred)."""
+    graph = {}
+    for module, path in files.items():
+        targets = {resolve(t, files) for _, t in imports_of(module, path)}
+        graph[module] = {t for t in targets if t in files and t != module}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    circles.append(sorted(group))
+    return circles
+
+
+def test_no_import_circle():
+    circles = import_circles(import_graph(package_files()))
+    assert not circles, "Import circles (each group imports itself through the others):\n" + "\n".join(
+        " <-> ".join(group) for group in circles)
+
+
+def test_the_circle_finder_sees_a_deferred_import(tmp_path):
+    graph = {"a": {"b"}, "b": {"c"}, "c": set(), "d": set()}
+    assert import_circles(graph) == []
+    graph["c"].add("a")  # c imports a inside a function: still a circle
+    assert import_circles(graph) == [["a", "b", "c"]]
+    path = tmp_path / "gguf.py"
+    path.write_text("def f():\n    from comlrl_lightning.agents import load_model\n")
+    assert imports_of("gguf", path) == [(2, "agents"), (2, "agents.load_model")]
+
+
+def test_no_private_name_is_imported_from_another_file():
+    bad = []
+    for path in package_files().values():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("comlrl_lightning"):
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno} imports {a.name} from {node.module}"
+                        for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not bad, "Private names imported across files (make them public or keep them in one file):\n" + \
+        "\n".join(bad)

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from comlrl_lightning.engines import vllm_process
+import comlrl_lightning.engines.vllm_process as vllm_process
 from comlrl_lightning.engines.base import SampleRequest
 from comlrl_lightning.engines.vllm_process import EngineError, engine_dead_error, is_engine_dead
 from comlrl_lightning.generation import Samples, SamplingSettings, SamplingStream, cut_at_pad, encode_prompts
