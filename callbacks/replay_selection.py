@@ -34,10 +34,6 @@ class ReplaySelection(L.Callback):
         self.lam = lam
         self.history: list[dict] = []
 
-    @property
-    def state_key(self) -> str:
-        return "ReplaySelection"
-
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         check_round_setup(trainer, "ReplaySelection")
         check_protocol(trainer.datamodule, RoundData, "ReplaySelection", "data module",

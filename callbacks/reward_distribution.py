@@ -39,10 +39,6 @@ class RewardDistributionLogger(L.Callback):
         self.range: tuple[float, float] | None = None
         self.files: list[str] = []
 
-    @property
-    def state_key(self) -> str:
-        return "RewardDistributionLogger"
-
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         check_round_setup(trainer, "RewardDistributionLogger")
         dm = trainer.datamodule

@@ -234,10 +234,6 @@ class LearnedRewardFit(_RewardModelFitting):
         self.collection_stats = None
         self._restored_pairs: list | None = None
 
-    @property
-    def state_key(self) -> str:
-        return "LearnedRewardFit"
-
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._setup(trainer, pl_module)
 
@@ -308,10 +304,6 @@ class IterativeRewardModelFit(_RewardModelFitting):
         self.next_round = 0
         self.round_models: list[Any] = []  # each round's fitted model (None: no pairs); see keep_round_models
         self.keep_round_models = False  # tests/debugging: keep every round's model object in round_models
-
-    @property
-    def state_key(self) -> str:
-        return "IterativeRewardModelFit"
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         check_round_setup(trainer, "IterativeRewardModelFit")
