@@ -33,8 +33,8 @@ import sys
 CLI_MODULES = (
     "comlrl_lightning.modules.madpo", "comlrl_lightning.modules.magrpo", "comlrl_lightning.modules.actor_critic",
     "comlrl_lightning.modules.marlhf", "comlrl_lightning.modules.reward_model",
-    "comlrl_lightning.data.preference", "comlrl_lightning.data.iterative", "comlrl_lightning.data.marlhf",
-    "comlrl_lightning.data.tasks_dm", "comlrl_lightning.data.reward_pairs", "comlrl_lightning.callbacks",
+    "comlrl_lightning.data.madpo", "comlrl_lightning.data.madpo", "comlrl_lightning.data.marlhf",
+    "comlrl_lightning.data.task", "comlrl_lightning.data.reward_model", "comlrl_lightning.callbacks",
     "comlrl_lightning.modules.centralized_magrpo", "comlrl_lightning.data.centralized",
 )
 
@@ -49,7 +49,7 @@ _SUBCOMMANDS = {
 
 def _short_help() -> str:
     """``comlrl-lightning --help`` without importing Lightning (cheap)."""
-    from comlrl_lightning import _LAZY
+    from comlrl_lightning import PUBLIC_HOMES
 
     lines = ["usage: comlrl-lightning {fit,validate,test,predict,report} ...", "",
              "Train and evaluate teams of cooperating LLM agents (LightningCLI).", "", "subcommands:"]
@@ -57,7 +57,7 @@ def _short_help() -> str:
     groups = {"modules (--model)": ".modules", "data modules (--data)": ".data",
               "callbacks (--trainer.callbacks)": ".callbacks"}
     for title, part in groups.items():
-        names = sorted(n for n, m in _LAZY.items() if f"comlrl_lightning{part}" in m and n[0].isupper())
+        names = sorted(n for n, m in PUBLIC_HOMES.items() if f"comlrl_lightning{part}" in m and n[0].isupper())
         if part == ".callbacks":  # read their names from the package file: importing it would load Lightning
             import ast
             from pathlib import Path
@@ -114,6 +114,40 @@ def unknown_option(message: str) -> str | None:
     except (ImportError, AttributeError, TypeError, ValueError):
         return f"{name} has no option {option!r}."
     return f"{name} has no option {option!r}.{did_you_mean(option, [p.name for p in params])}"
+
+
+#: ``--model.init_args.args.FIELD[=VALUE]`` (``init_args.`` optional at both levels; ``FIELD`` one name, no dot)
+_ARGS_FIELD = r"--model\.(?:init_args\.)?args\.(?:init_args\.)?(\w+)(?:=(.*))?"
+
+
+def args_overrides_merged(argv: list[str]) -> list[str]:
+    """``argv`` with each command-line override of one field of the module's ``args``
+    (``--model.init_args.args.max_new_tokens=4``) given as a one-field mapping
+    (``--model.init_args.args {"max_new_tokens": "4"}``), in place.
+
+    ``args`` of MADPOModule is ``MADPOConfig | MADPOIterConfig`` (MARLHF's likewise). jsonargparse reads a
+    one-field override as a value of the union's first type that accepts the field, and that type's parse keeps
+    only its own fields of the config read so far: the iterative fields (``num_iterations``, ``comparator_policy``,
+    the replay options) went back to their defaults. A mapping is instead merged with the config read so far and
+    the union's type is chosen by the merged fields, as for a second ``--config`` file. The value stays the string
+    typed, which jsonargparse converts to the field's type as it does on the command line. Deeper keys
+    (``args.vllm_kwargs.x=1``) are left as they are (:func:`~comlrl_lightning.trainers.common.check_args_kept`
+    warns if one drops fields)."""
+    import json
+    import re
+
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        match = re.fullmatch(_ARGS_FIELD, arg) if isinstance(arg, str) else None
+        if match is None or match.group(1) == "help" or (match.group(2) is None and i + 1 >= len(argv)):
+            out.append(arg)
+            i += 1
+            continue
+        value = match.group(2) if match.group(2) is not None else argv[i + 1]
+        out += ["--model.init_args.args", json.dumps({match.group(1): value}, ensure_ascii=False)]
+        i += 1 if match.group(2) is not None else 2
+    return out
 
 
 #: exit status of ``fit`` stopped by SIGTERM (128 + 15, as a shell reports a process killed by it)
@@ -204,6 +238,19 @@ def _make_cli_class(want_help: bool = False):
 
     class ComlrlCLI(LightningCLI):
         secrets: set[str] = set()
+
+        def parse_arguments(self, parser, args) -> None:
+            # a one-field override of the module's args keeps the config's other fields (args_overrides_merged)
+            if args is not None and not isinstance(args, (list, tuple)):  # a dict or Namespace: nothing to merge
+                return super().parse_arguments(parser, args)
+            given = list(sys.argv[1:] if args is None else args)
+            merged = args_overrides_merged(given)
+            if merged == given:
+                return super().parse_arguments(parser, args)
+            if args is None:  # as Lightning does with sys.argv (passing it as args would warn about both)
+                self.config = parser.parse_args(merged)
+                return None
+            return super().parse_arguments(parser, merged)
 
         def instantiate_classes(self) -> None:
             # W&B reads sys.argv when its run starts (in fit): from here on it holds no secret of the config

@@ -97,10 +97,12 @@ def check_args_kept(config: Any) -> None:
     """Warn when a parse dropped options of ``model.init_args.args`` given in a ``--config`` file.
 
     ``args`` of MADPOModule is ``MADPOConfig | MADPOIterConfig`` (MARLHF's likewise): jsonargparse picks the type by
-    the fields given. A command-line override of one of its fields (``--model.init_args.args.max_new_tokens=4``) is
-    re-read on its own, where the first type of the union fits, and the fields only the other type has
-    (``num_iterations``, ``comparator_policy``, ...) are reset to their defaults. The warning names them and the fix
-    (a second config file, which jsonargparse merges field by field)."""
+    the fields given. A command-line override of a key inside one of its fields
+    (``--model.init_args.args.vllm_kwargs.x=1``) is re-read on its own, where the first type of the union fits, and
+    the fields only the other type has (``num_iterations``, ``comparator_policy``, ...) are reset to their defaults.
+    The CLI gives one-field overrides (``--model.init_args.args.max_new_tokens=4``) as a mapping, which keeps them
+    (:func:`comlrl_lightning.cli.args_overrides_merged`); this check is the safety net for what is left. The warning
+    names the lost fields and the fix (a second config file, which jsonargparse merges field by field)."""
     import warnings
 
     import yaml
