@@ -35,10 +35,6 @@ class ComparatorRefresh(L.Callback):
         self.next_round = 0
         self.prepared: int | None = None
 
-    @property
-    def state_key(self) -> str:
-        return "ComparatorRefresh"
-
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         check_round_setup(trainer, "ComparatorRefresh")
         check_protocol(trainer.datamodule, RoundData, "ComparatorRefresh", "data module",

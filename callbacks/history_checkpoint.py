@@ -38,10 +38,6 @@ class HistoryCheckpoint(L.Callback):
         self.saved: dict[str, str] = {}
         self._lock: RunLock | None = None
 
-    @property
-    def state_key(self) -> str:
-        return "HistoryCheckpoint"
-
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         check_round_setup(trainer, "HistoryCheckpoint")
         check_protocol(pl_module, TeamModule, "HistoryCheckpoint", "module", "MADPOModule")

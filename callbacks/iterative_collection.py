@@ -27,8 +27,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from comlrl_lightning.config.preference import refuse_centralized_learner
-from comlrl_lightning.data.tasks import format_prompts
+from comlrl_lightning.config.madpo import refuse_centralized_learner
+from comlrl_lightning.data.sources import format_prompts
 from comlrl_lightning.distributed import gather_round, per_rank_entry, rank_seed, shard_bounds, world
 from comlrl_lightning.generation import SamplingStream
 from comlrl_lightning.logging_utils import log_metrics

@@ -15,7 +15,7 @@ from __future__ import annotations
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from comlrl_lightning.config.preference import refuse_centralized_learner
+from comlrl_lightning.config.madpo import refuse_centralized_learner
 from comlrl_lightning.distributed import world
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.metrics import RoundMetrics
@@ -39,10 +39,6 @@ class PreferenceCollection(L.Callback):
         self.collected = False
         self.last_stats = None
         self.shards: list[list[int]] = []
-
-    @property
-    def state_key(self) -> str:
-        return "PreferenceCollection"
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         check_protocol(pl_module, TeamModule, "PreferenceCollection", "module", "MADPOModule")

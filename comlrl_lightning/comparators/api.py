@@ -23,11 +23,11 @@ from comlrl_lightning.comparators.api_client import APIComparatorClient
 from comlrl_lightning.comparators.api_formats import (
     API_FORMAT_ALIASES,
     CompletionRequest,
-    _generic_completions,  # noqa: F401 - re-exported for the tests of the generic format
+    generic_completions,  # noqa: F401 - re-exported for the tests of the generic format
     normalize_api_format,
 )
 from comlrl_lightning.comparators.api_transport import APIComparatorError
-from comlrl_lightning.generation import Samples
+from comlrl_lightning.generation import Samples, SamplingSettings
 
 __all__ = [
     "API_FORMAT_ALIASES",
@@ -47,10 +47,17 @@ class APIComparator:
     def __init__(self, client: Any, request_cls: Any = CompletionRequest):
         self.client = client
         self.request_cls = request_cls
-        self.pl_module: Any = None
+        self.settings: SamplingSettings | None = None
+
+    @classmethod
+    def from_config(cls, cfg: Any, model_config: dict | None = None) -> APIComparator:
+        """The source of an iterative config's ``comparator_api_*`` options (``build_comparator``)."""
+        return cls(APIComparatorClient.from_config(cfg))
 
     def setup(self, trainer: Any, pl_module: Any) -> None:
-        self.pl_module = pl_module
+        """Once per fit: the learner's sampling settings (sent with every request) and this rank's share of the
+        endpoint's concurrency. The module itself is not kept."""
+        self.settings = pl_module.sampling_settings()
         # the ranks of a multi-process run query the endpoint at once: each gets an equal share of the run's
         # concurrency limit, at least 1 (docs/scaling.md, section 2.1)
         world_size = int(getattr(trainer, "world_size", 1) or 1)
@@ -65,7 +72,7 @@ class APIComparator:
 
     def sample_agent(self, agent_index: int, prompts: Sequence[str], num_candidates: int,
                      items: Sequence[dict] | None = None) -> Samples:
-        s = self.pl_module.sampling_settings()
+        s = self.settings
         items = list(items) if items is not None else [{} for _ in prompts]
         reqs = [self.request_cls(prompt=p, agent_index=agent_index, item=items[k], num_candidates=num_candidates,
                                  max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,

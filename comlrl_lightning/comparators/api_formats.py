@@ -191,7 +191,7 @@ def extract_completions(fmt: str, payload: Any, response_field: str) -> list[str
     :class:`CompletionSchemaError` (nulls are dropped, as the spec says).
     """
     if fmt == "generic":
-        return _generic_completions(payload, response_field)
+        return generic_completions(payload, response_field)
     if not isinstance(payload, dict):
         return []
     if fmt == "openai":
@@ -264,7 +264,7 @@ def _follow_path(payload: Any, dotted: str) -> tuple[bool, Any]:
     return True, node
 
 
-def _generic_completions(payload: Any, response_field: str) -> list[str]:
+def generic_completions(payload: Any, response_field: str) -> list[str]:
     """Completions of a generic response (docs/multiturn.md §6): the dotted field, else the first truthy fallback."""
     found, value = _follow_path(payload, response_field)
     if not found and isinstance(payload, Mapping):

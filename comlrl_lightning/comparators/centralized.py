@@ -2,7 +2,9 @@
 
 An adapter turns the agents' own prompts into one joint prompt and parses a joint completion back into
 per-agent outputs. The default, :class:`TaggedCentralizedComparatorAdapter`, asks for one
-``<agent_i>...</agent_i>`` section per agent (0-based) and reads them back.
+``<agent_i>...</agent_i>`` section per agent (0-based) and reads them back. :class:`CentralizedComparator` is the
+comparator source that writes this way (``comparator_generation_mode='centralized'``): it wraps a source of any
+policy and samples one slot of it.
 
 Parse failures are handled differently on the two paths, as upstream does:
 
@@ -19,7 +21,10 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Protocol, runtime_checkable
 
+from comlrl_lightning.generation import Samples
+
 __all__ = [
+    "CentralizedComparator",
     "CentralizedComparatorAdapter",
     "CentralizedComparatorParseError",
     "TaggedCentralizedComparatorAdapter",
@@ -176,3 +181,62 @@ def parse_for_reward(
     if not all(isinstance(o, str) for o in outputs):
         raise TypeError("Centralized adapter outputs must all be strings.")
     return outputs
+
+
+class CentralizedComparator:
+    """Centralized comparator generation (docs/preference.md §5.4): one slot writes every role's answer in one text.
+
+    Slot ``agent_index`` of the ``inner`` source (any policy: live agent, copy, model, snapshot or API)
+    samples joint completions of ``adapter.build_prompt(item, per-role prompts)``; each joint text is parsed
+    back into role texts with ``adapter.parse_completion``, candidate order kept. A parse failure raises
+    :class:`CentralizedComparatorParseError` with the raw text. The round life cycle (``setup``, ``prepare``,
+    ``release``, ``close``, ``state_dict``, ``load_state_dict``) is the inner source's: each step is passed on when
+    the inner source has it.
+    """
+
+    def __init__(self, inner: Any, adapter: Any = None, agent_index: int = 0):
+        self.inner = inner
+        self.adapter = adapter if adapter is not None else TaggedCentralizedComparatorAdapter()
+        for name in ("build_prompt", "parse_completion"):
+            if not callable(getattr(self.adapter, name, None)):
+                raise TypeError(f"centralized_comparator_adapter.{name} must be callable.")
+        if not hasattr(inner, "sample_agent"):
+            raise TypeError(f"{type(inner).__name__} cannot sample a single slot (no sample_agent method).")
+        self.agent_index = agent_index
+        self.policy = getattr(inner, "policy", "local")
+
+    def _inner_step(self, name: str, *args: Any) -> Any:
+        """The inner source's optional life-cycle step ``name`` (the Comparator protocol), when it has one."""
+        step = getattr(self.inner, name, None)
+        return None if step is None else step(*args)
+
+    def setup(self, trainer: Any, pl_module: Any) -> None:
+        self._inner_step("setup", trainer, pl_module)
+
+    def prepare(self, round_index: int) -> None:
+        self._inner_step("prepare", round_index)
+
+    def release(self) -> None:
+        self._inner_step("release")
+
+    def close(self) -> None:
+        self._inner_step("close")
+
+    def state_dict(self) -> dict | None:
+        return self._inner_step("state_dict")
+
+    def load_state_dict(self, state: dict) -> None:
+        self._inner_step("load_state_dict", state)
+
+    def sample(self, prompts: Sequence[Sequence[str]], num_candidates: int,
+               items: Sequence[dict] | None = None) -> list[Samples]:
+        num_agents, num_items = len(prompts), len(prompts[0])
+        items = list(items) if items is not None else [{} for _ in range(num_items)]
+        joint_prompts = [build_centralized_prompt(self.adapter, items[k], [prompts[a][k] for a in range(num_agents)])
+                         for k in range(num_items)]
+        joint = self.inner.sample_agent(self.agent_index, joint_prompts, num_candidates, items)
+        per_item = [split_joint_completions(self.adapter, joint.texts[k], items[k], num_agents)
+                    for k in range(num_items)]
+        return [Samples(prompt_ids=[[] for _ in range(num_items)],
+                        completion_ids=[[[] for _ in per_item[k][a]] for k in range(num_items)],
+                        texts=[per_item[k][a] for k in range(num_items)]) for a in range(num_agents)]

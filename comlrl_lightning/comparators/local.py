@@ -2,10 +2,11 @@
 7).
 
 A comparator source answers ``sample(prompts, num_candidates, items) -> list[Samples]`` (one per agent,
-``prompts[a][k]`` = agent a's prompt for item k; only ``.texts`` is read by pairing). Local sources also
-take part in the round lifecycle: ``setup(trainer, pl_module)`` once, ``prepare(round_index)`` before a
-round's collection, ``release()`` once the round's pairs exist, and ``state_dict()`` / ``load_state_dict``
-(plain types) for their sampling streams.
+``prompts[a][k]`` = agent a's prompt for item k; only ``.texts`` is read by pairing): the ``Comparator`` protocol of
+:mod:`comlrl_lightning.protocols`. Local sources also take part in the round lifecycle: ``setup(trainer, pl_module)``
+once per fit (they take the learner's team, its sampling settings, their seed and, for ``history``, the run's
+snapshot folder; they keep no module), ``prepare(round_index)`` before a round's collection, ``release()`` once the
+round's pairs exist, and ``state_dict()`` / ``load_state_dict`` (plain types) for their sampling streams.
 
 * ``current``: the live agents, sampled in the comparator's own seeded streams (one per agent), so its
   samples differ from the agents' and the agents' streams are never advanced by it.
@@ -18,6 +19,10 @@ round's collection, ``release()`` once the round's pairs exist, and ``state_dict
 * ``history``: the policy snapshot k rounds back (:func:`history_snapshot_dir`), loaded when it changes; LoRA
   snapshots of a team on the vLLM engine are served by that engine instead (:func:`served_snapshot`).
 * ``api``: an HTTP endpoint (:class:`~comlrl_lightning.comparators.api.APIComparator`).
+
+:func:`build_comparator` builds the source of a config: the class of its ``comparator_policy`` (:data:`SOURCES`,
+one per name of :data:`~comlrl_lightning.config.iterative.POLICIES`), made by its ``from_config``, wrapped in a
+:class:`~comlrl_lightning.comparators.centralized.CentralizedComparator` for centralized generation.
 """
 
 from __future__ import annotations
@@ -25,39 +30,33 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
 from comlrl_lightning.agents import AgentTeam, build_agents, load_tokenizer
-from comlrl_lightning.comparators.api import APIComparator, APIComparatorClient
+from comlrl_lightning.comparators.api import APIComparator
+from comlrl_lightning.comparators.centralized import CentralizedComparator
+from comlrl_lightning.config.iterative import POLICIES, POLICY_CHOICES_MESSAGE
 from comlrl_lightning.devices import device_of
 from comlrl_lightning.devices import resolve_devices as _resolve_devices
 from comlrl_lightning.distributed import rank_seed
 from comlrl_lightning.engines import engine_of
-from comlrl_lightning.engines.verify import EngineSyncError, check_comparator_samples
-from comlrl_lightning.generation import Samples, SamplingStream
+from comlrl_lightning.engines.verify import EngineSyncError, check_comparator_samples, engine_weight_version
+from comlrl_lightning.generation import Samples, SamplingSettings, SamplingStream
 from comlrl_lightning.preferences import sample_team
 
 __all__ = [
     "APIComparator",
-    "ComparatorSource",
     "CurrentComparator",
     "CurrentCopyComparator",
     "HistoryComparator",
     "ModelComparator",
+    "SOURCES",
     "build_comparator",
     "comparator_seed",
     "history_snapshot_dir",
 ]
-
-
-@runtime_checkable
-class ComparatorSource(Protocol):
-    """What the collection callback needs from a comparator."""
-
-    def sample(self, prompts: Sequence[Sequence[str]], num_candidates: int,
-               items: Sequence[dict] | None = None) -> list[Samples]: ...
 
 
 def comparator_seed(seed: int) -> int:
@@ -105,12 +104,6 @@ def served_like(live: AgentTeam, team: AgentTeam) -> AgentTeam:
     return team
 
 
-def _weight_version(team: AgentTeam, agent: int) -> int | None:
-    """The weight version of ``team``'s agent ``agent`` its engine reports (None: an engine without versions)."""
-    version = getattr(engine_of(team), "weight_version", None)
-    return None if version is None else version(agent)
-
-
 def _close_own_engine(team: AgentTeam | None, live: AgentTeam | None) -> None:
     """Close ``team``'s engine unless it is the live team's (a comparator never closes the learner's engine)."""
     engine = getattr(team, "engine", None)
@@ -124,6 +117,10 @@ class LocalComparator:
     Args:
         seed: base seed of the comparator streams (None: ``comparator_seed(args.seed)``); agent i's stream
             is seeded with ``rank_seed(base, rank) + 1_000_003 * i`` (``base`` itself on rank 0).
+
+    :meth:`setup` takes what the source needs from the run: ``live``, the learner's team (the ``current`` policies
+    sample it or copy it; every source places its models on its devices), and ``settings``, the learner's sampling
+    settings, which every policy samples with.
     """
 
     policy = "local"
@@ -132,15 +129,23 @@ class LocalComparator:
         self.seed = seed
         self.streams: list[SamplingStream] | None = None
         self._pending_state: dict | None = None
-        self.pl_module: Any = None
+        self.live: AgentTeam | None = None
+        self.settings: SamplingSettings | None = None
         self.round_index = 0
 
+    @classmethod
+    def from_config(cls, cfg: Any, model_config: dict | None = None) -> LocalComparator:
+        """The source of an iterative config's comparator options (:func:`build_comparator`)."""
+        return cls()
+
     def setup(self, trainer: Any, pl_module: Any) -> None:
-        self.pl_module = pl_module
+        """Once per fit: the learner's team and sampling settings; the streams (first fit only) from the seed and the
+        rank. The module itself is not kept."""
+        self.live, self.settings = pl_module.team, pl_module.sampling_settings()
         if self.streams is None:
             base = comparator_seed(pl_module.args.seed) if self.seed is None else int(self.seed)
             base = rank_seed(base, getattr(trainer, "global_rank", 0))  # each rank its own streams (docs/scaling.md)
-            self.streams = [SamplingStream(base + 1_000_003 * i) for i in range(pl_module.team.num_agents)]
+            self.streams = [SamplingStream(base + 1_000_003 * i) for i in range(self.live.num_agents)]
         if self._pending_state is not None:
             self.load_state_dict(self._pending_state)
 
@@ -156,13 +161,13 @@ class LocalComparator:
         what is kept across rounds (default: nothing)."""
 
     def team(self) -> AgentTeam:
-        return self.pl_module.team
+        return self.live
 
     def sample(self, prompts: Sequence[Sequence[str]], num_candidates: int,
                items: Sequence[dict] | None = None) -> list[Samples]:
         if self.streams is None:
             raise RuntimeError(f"{type(self).__name__}.setup(trainer, pl_module) must run before sampling.")
-        out = sample_team(self.team(), prompts, num_candidates, self.pl_module.sampling_settings(), self.streams)
+        out = sample_team(self.team(), prompts, num_candidates, self.settings, self.streams)
         for agent, samples in enumerate(out):
             self.verify(agent, samples)
         return out
@@ -172,15 +177,15 @@ class LocalComparator:
         """Samples of one comparator slot only (used by centralized comparator generation)."""
         if self.streams is None:
             raise RuntimeError(f"{type(self).__name__}.setup(trainer, pl_module) must run before sampling.")
-        out = engine_of(self.team()).sample(agent_index, list(prompts), num_candidates,
-                                            self.pl_module.sampling_settings(), self.streams[agent_index])
+        out = engine_of(self.team()).sample(agent_index, list(prompts), num_candidates, self.settings,
+                                            self.streams[agent_index])
         self.verify(agent_index, out)
         return out
 
     def expected_weights(self, agent: int) -> dict[str, Any]:
         """What samples of slot ``agent`` must come from (:func:`check_comparator_samples`): the live agent's weight
         version (the live agents and copies of them; subclasses with other weights override it)."""
-        return {"version": _weight_version(self.pl_module.team, agent)}
+        return {"version": engine_weight_version(engine_of(self.live), agent)}
 
     def verify(self, agent: int, samples: Samples) -> None:
         """Stop the run when ``samples`` were not drawn from the weights this comparator stands for (docs/engines.md,
@@ -224,9 +229,13 @@ class CurrentCopyComparator(LocalComparator):
         self.always_copy = always_copy
         self.copy: AgentTeam | None = None
 
+    @classmethod
+    def from_config(cls, cfg: Any, model_config: dict | None = None) -> CurrentCopyComparator:
+        return cls(devices=cfg.comparator_devices)
+
     def prepare(self, round_index: int) -> None:
         self.round_index = round_index
-        live = self.pl_module.team
+        live = self.live
         agent_devices = [device_of(m) for m in live.models]
         devices = resolve_devices(self.devices, live.num_agents, agent_devices)
         self.release()
@@ -240,7 +249,7 @@ class CurrentCopyComparator(LocalComparator):
                 copies[id(m)] = copy.deepcopy(m)
         team = AgentTeam([copies[id(m)] for m in live.models], live.tokenizers, list(live.adapters), list(live.names))
         # the copy's engine reports the live versions it copied, so a copy kept past an update is caught (verify)
-        engine_of(team).applied = [_weight_version(live, a) or 0 for a in range(live.num_agents)]
+        engine_of(team).applied = [engine_weight_version(engine_of(live), a) or 0 for a in range(live.num_agents)]
         self.copy = _freeze(team, devices)
 
     def release(self) -> None:
@@ -252,7 +261,7 @@ class CurrentCopyComparator(LocalComparator):
     def team(self) -> AgentTeam:
         if self.copy is None and self.always_copy:  # called mid-round without a prepared copy
             self.prepare(-1)
-        return self.copy if self.copy is not None else self.pl_module.team
+        return self.copy if self.copy is not None else self.live
 
 
 class ModelComparator(LocalComparator):
@@ -277,11 +286,21 @@ class ModelComparator(LocalComparator):
         self.devices = devices
         self.loaded: AgentTeam | None = None
 
+    @classmethod
+    def from_config(cls, cfg: Any, model_config: dict | None = None) -> ModelComparator:
+        if (cfg.comparator_agents is not None and len(cfg.comparator_agents) == 1
+                and getattr(cfg, "comparator_generation_mode", "decentralized") == "centralized"):
+            # one comparator model writes for every role: it fills every slot (the centralized slot included)
+            return cls(list(cfg.comparator_agents) * cfg.num_agents, model_config=model_config,
+                       devices=cfg.comparator_devices)
+        sources = cfg.comparator_agents if cfg.comparator_agents is not None else cfg.comparator_model_name
+        return cls(sources, model_config=model_config, devices=cfg.comparator_devices)
+
     def prepare(self, round_index: int) -> None:
         self.round_index = round_index
         if self.loaded is not None:
             return
-        live = self.pl_module.team
+        live = self.live
         n = live.num_agents
         sources = [self.sources] * n if isinstance(self.sources, (str, torch.nn.Module)) else list(self.sources)
         if len(sources) != n:
@@ -304,7 +323,7 @@ class ModelComparator(LocalComparator):
         self.loaded = served_like(live, _freeze(team, devices))
 
     def close(self) -> None:
-        _close_own_engine(self.loaded, getattr(self.pl_module, "team", None))
+        _close_own_engine(self.loaded, self.live)
         self.loaded = None
 
     def team(self) -> AgentTeam:
@@ -392,7 +411,14 @@ class HistoryComparator(LocalComparator):
         self.loaded_from: Path | None = None
         self.round_index = 0
 
+    @classmethod
+    def from_config(cls, cfg: Any, model_config: dict | None = None) -> HistoryComparator:
+        return cls(cfg.policy_checkpoint_dir, cfg.comparator_history_k, devices=cfg.comparator_devices,
+                   model_config=model_config)
+
     def setup(self, trainer: Any, pl_module: Any) -> None:
+        """As every local source, plus the snapshot folder (``policy_checkpoint_dir``, else the run folder's
+        ``policy_checkpoints``) and ``k`` (``comparator_history_k``, else 1), from the module's ``args``."""
         super().setup(trainer, pl_module)
         from comlrl_lightning.rounds import output_dir
 
@@ -404,21 +430,21 @@ class HistoryComparator(LocalComparator):
 
     def prepare(self, round_index: int) -> None:
         self.round_index = round_index
-        n = self.pl_module.team.num_agents
+        n = self.live.num_agents
         target = history_snapshot_dir(self.root, round_index, self.k, n)
         if self.loaded is not None and target == self.loaded_from:
             return
         self.release()
-        served = served_snapshot(self.pl_module.team, target)
+        served = served_snapshot(self.live, target)
         if served is not None:
             self.loaded, self.loaded_from = served, target
             return
         team = load_snapshot(target, n, self.model_config)
-        devices = resolve_devices(self.devices, n, [device_of(m) for m in self.pl_module.team.models])
+        devices = resolve_devices(self.devices, n, [device_of(m) for m in self.live.models])
         self.loaded, self.loaded_from = _freeze(team, devices), target
 
     def release(self) -> None:
-        _close_own_engine(self.loaded, getattr(self.pl_module, "team", None))
+        _close_own_engine(self.loaded, self.live)
         self.loaded = None
         self.loaded_from = None
 
@@ -434,7 +460,7 @@ class HistoryComparator(LocalComparator):
         """The snapshot folder picked for the round (:func:`history_snapshot_dir`); an engine serving saved
         adapters reports the folder it read (``Samples.source``), a snapshot loaded into torch is checked by the
         folder it was loaded from. Version 0: snapshots never receive weight updates."""
-        picked = history_snapshot_dir(self.root, self.round_index, self.k, self.pl_module.team.num_agents)
+        picked = history_snapshot_dir(self.root, self.round_index, self.k, self.live.num_agents)
         if self.loaded_from is not None and Path(self.loaded_from) != picked:
             raise EngineSyncError(
                 f"The 'history' comparator serves the snapshot {self.loaded_from} in round {self.round_index}, but "
@@ -443,75 +469,19 @@ class HistoryComparator(LocalComparator):
         return {"version": 0, "source": str(picked / f"agent_{agent}")}
 
 
-class CentralizedComparator:
-    """Centralized comparator generation (docs/preference.md §5.4): one slot writes every role's answer in one text.
-
-    Slot ``agent_index`` of the ``inner`` source (any policy: live agent, copy, model, snapshot or API)
-    samples joint completions of ``adapter.build_prompt(item, per-role prompts)``; each joint text is parsed
-    back into role texts with ``adapter.parse_completion``, candidate order kept. A parse failure raises
-    :class:`~comlrl_lightning.comparators.centralized.CentralizedComparatorParseError` with the raw text.
-    """
-
-    def __init__(self, inner: Any, adapter: Any = None, agent_index: int = 0):
-        from comlrl_lightning.comparators.centralized import TaggedCentralizedComparatorAdapter
-
-        self.inner = inner
-        self.adapter = adapter if adapter is not None else TaggedCentralizedComparatorAdapter()
-        for name in ("build_prompt", "parse_completion"):
-            if not callable(getattr(self.adapter, name, None)):
-                raise TypeError(f"centralized_comparator_adapter.{name} must be callable.")
-        if not hasattr(inner, "sample_agent"):
-            raise TypeError(f"{type(inner).__name__} cannot sample a single slot (no sample_agent method).")
-        self.agent_index = agent_index
-        self.policy = getattr(inner, "policy", "local")
-
-    def __getattr__(self, name: str) -> Any:  # setup/prepare/release/state_dict/... come from the inner source
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    def sample(self, prompts: Sequence[Sequence[str]], num_candidates: int,
-               items: Sequence[dict] | None = None) -> list[Samples]:
-        from comlrl_lightning.comparators.centralized import build_centralized_prompt, split_joint_completions
-
-        num_agents, num_items = len(prompts), len(prompts[0])
-        items = list(items) if items is not None else [{} for _ in range(num_items)]
-        joint_prompts = [build_centralized_prompt(self.adapter, items[k], [prompts[a][k] for a in range(num_agents)])
-                         for k in range(num_items)]
-        joint = self.inner.sample_agent(self.agent_index, joint_prompts, num_candidates, items)
-        per_item = [split_joint_completions(self.adapter, joint.texts[k], items[k], num_agents)
-                    for k in range(num_items)]
-        return [Samples(prompt_ids=[[] for _ in range(num_items)],
-                        completion_ids=[[[] for _ in per_item[k][a]] for k in range(num_items)],
-                        texts=[per_item[k][a] for k in range(num_items)]) for a in range(num_agents)]
+#: ``comparator_policy`` -> the source class (its ``policy``), one per name of
+#: :data:`~comlrl_lightning.config.iterative.POLICIES` (tests/callbacks/test_iterative_comparators.py checks it).
+SOURCES: dict[str, type] = {cls.policy: cls for cls in (CurrentComparator, CurrentCopyComparator, ModelComparator,
+                                                         HistoryComparator, APIComparator)}
 
 
 def build_comparator(cfg: Any, model_config: dict | None = None, adapter: Any = None) -> Any:
     """The comparator source for an iterative config (``comparator_policy``, ``comparator_generation_mode``
     and their options); ``adapter`` is the centralized prompt builder/parser (default: the tagged format)."""
-    source = _decentralized_comparator(cfg, model_config)
+    policy = cfg.comparator_policy
+    if policy not in POLICIES:
+        raise ValueError(f"{POLICY_CHOICES_MESSAGE} Got {policy!r}.")
+    source = SOURCES[policy].from_config(cfg, model_config)
     if getattr(cfg, "comparator_generation_mode", "decentralized") == "centralized":
         return CentralizedComparator(source, adapter, cfg.comparator_centralized_agent_index)
     return source
-
-
-def _decentralized_comparator(cfg: Any, model_config: dict | None = None) -> Any:
-    policy = cfg.comparator_policy
-    if (policy == "model" and cfg.comparator_agents is not None and len(cfg.comparator_agents) == 1
-            and getattr(cfg, "comparator_generation_mode", "decentralized") == "centralized"):
-        # one comparator model writes for every role: it fills every slot (the centralized slot included)
-        return ModelComparator(list(cfg.comparator_agents) * cfg.num_agents, model_config=model_config,
-                               devices=cfg.comparator_devices)
-    if policy == "current":
-        return CurrentComparator()
-    if policy == "current_copy":
-        return CurrentCopyComparator(devices=cfg.comparator_devices)
-    if policy == "model":
-        sources = cfg.comparator_agents if cfg.comparator_agents is not None else cfg.comparator_model_name
-        return ModelComparator(sources, model_config=model_config, devices=cfg.comparator_devices)
-    if policy == "history":
-        return HistoryComparator(cfg.policy_checkpoint_dir, cfg.comparator_history_k, devices=cfg.comparator_devices,
-                                 model_config=model_config)
-    if policy == "api":
-        return APIComparator(APIComparatorClient.from_config(cfg))
-    raise ValueError(f"comparator_policy must be one of: current, current_copy, model, history, api. Got {policy!r}.")

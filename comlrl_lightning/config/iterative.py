@@ -8,13 +8,13 @@ from typing import Any
 
 from comlrl_lightning.comparators.api_formats import API_FORMAT_ALIASES  # one table for config and client
 from comlrl_lightning.config.checks import (
-    _bad,
-    _normalize_choice,
+    bad_option,
     check_counts,
     check_optional_count,
     check_positive,
     is_int,
     is_number,
+    normalize_choice,
 )
 from comlrl_lightning.config.devices import check_devices_exist
 from comlrl_lightning.config.secrets import redact_secrets
@@ -47,7 +47,7 @@ GENERATION_MODE_ALIASES = {
 
 
 @dataclass
-class _IterativePreferenceOptions:
+class IterativePreferenceOptions:
     """Options shared by the iterative trainers (docs/preference.md §2.3)."""
 
     num_iterations: int = 6
@@ -111,41 +111,41 @@ class _IterativePreferenceOptions:
 
     def _validate_iterative(self) -> None:
         check_counts(self, ("num_iterations",))
-        mode = _normalize_choice(
+        mode = normalize_choice(
             "preference_replay_mode", self.preference_replay_mode, REPLAY_MODE_ALIASES, "current",
             "preference_replay_mode must be one of: current, nearest_k, all_history, lambda_decay.")
         self.preference_replay_mode = mode
         k, lam, size = self.preference_replay_k, self.preference_replay_lambda, self.preference_replay_sample_size
         if mode == "current":
             if k not in (None, 1):
-                raise _bad("preference_replay_k must be null or 1 when preference_replay_mode='current'.", k,
-                           "null, 1")
+                raise bad_option("preference_replay_k must be null or 1 when preference_replay_mode='current'.", k,
+                                 "null, 1")
             if size is not None:
-                raise _bad("preference_replay_sample_size is only valid when preference_replay_mode is "
-                           "'nearest_k', 'all_history', or 'lambda_decay'.", size, "null")
+                raise bad_option("preference_replay_sample_size is only valid when preference_replay_mode is "
+                                 "'nearest_k', 'all_history', or 'lambda_decay'.", size, "null")
         elif mode == "nearest_k":
             if k is None:
-                raise _bad("preference_replay_k is required when preference_replay_mode='nearest_k'.", k,
-                           "integers >= 1")
+                raise bad_option("preference_replay_k is required when preference_replay_mode='nearest_k'.", k,
+                                 "integers >= 1")
             if not is_int(k) or k < 1:
-                raise _bad("preference_replay_k must be >= 1.", k, "integers >= 1")
+                raise bad_option("preference_replay_k must be >= 1.", k, "integers >= 1")
         elif k is not None:
-            raise _bad("preference_replay_k is only valid when preference_replay_mode='nearest_k'.", k, "null")
+            raise bad_option("preference_replay_k is only valid when preference_replay_mode='nearest_k'.", k, "null")
         if mode == "lambda_decay":
             if lam is None:
-                raise _bad("preference_replay_lambda is required when preference_replay_mode='lambda_decay'.",
-                           lam, "numbers in [0, 1]")
+                raise bad_option("preference_replay_lambda is required when preference_replay_mode='lambda_decay'.",
+                                 lam, "numbers in [0, 1]")
             if not is_number(lam) or not 0.0 <= lam <= 1.0:
-                raise _bad("preference_replay_lambda must be in [0, 1].", lam, "numbers in [0, 1]")
+                raise bad_option("preference_replay_lambda must be in [0, 1].", lam, "numbers in [0, 1]")
         elif lam is not None:
-            raise _bad("preference_replay_lambda is only valid when preference_replay_mode='lambda_decay'.",
-                       lam, "null")
+            raise bad_option("preference_replay_lambda is only valid when preference_replay_mode='lambda_decay'.",
+                             lam, "null")
         if mode != "current":
             check_optional_count("preference_replay_sample_size", size)
-        policy = _normalize_choice(
+        policy = normalize_choice(
             "comparator_policy", self.comparator_policy, COMPARATOR_POLICY_ALIASES, "current", POLICY_CHOICES_MESSAGE)
         self.comparator_policy = policy
-        gen = _normalize_choice(
+        gen = normalize_choice(
             "comparator_generation_mode", self.comparator_generation_mode, GENERATION_MODE_ALIASES,
             "decentralized", "comparator_generation_mode must be one of: decentralized, centralized.")
         if getattr(self, "collaboration_mode", "decentralized") == "centralized":
@@ -154,42 +154,43 @@ class _IterativePreferenceOptions:
         if gen == "centralized":
             idx = self.comparator_centralized_agent_index
             if idx < 0:
-                raise _bad("comparator_centralized_agent_index must be >= 0.", idx, f"0..{self.num_agents - 1}")
+                raise bad_option("comparator_centralized_agent_index must be >= 0.", idx, f"0..{self.num_agents - 1}")
             if idx >= self.num_agents:
-                raise _bad("comparator_centralized_agent_index must be smaller than num_agents.", idx,
-                           f"0..{self.num_agents - 1}")
+                raise bad_option("comparator_centralized_agent_index must be smaller than num_agents.", idx,
+                                 f"0..{self.num_agents - 1}")
         check_devices_exist(self, "comparator_devices")
         check_optional_count("comparator_num_candidates", self.comparator_num_candidates)
         check_optional_count("comparator_api_max_n_per_request", self.comparator_api_max_n_per_request)
         has_model = self.comparator_model_name is not None or self.comparator_agents is not None
         if policy == "model" and not has_model:
-            raise _bad("comparator_model_name or comparator_agents is required when comparator_policy='model'.",
-                       None, "a model id/path, or a list of them")
+            raise bad_option("comparator_model_name or comparator_agents is required when comparator_policy='model'.",
+                             None, "a model id/path, or a list of them")
         if policy in ("current", "current_copy", "history") and has_model:
-            raise _bad("comparator_model_name and comparator_agents are only valid when comparator_policy='model'.",
-                       self.comparator_model_name or self.comparator_agents, "null")
+            raise bad_option(
+                "comparator_model_name and comparator_agents are only valid when comparator_policy='model'.",
+                self.comparator_model_name or self.comparator_agents, "null")
         if self.comparator_agents is not None:
             n = len(self.comparator_agents)
             if gen == "centralized" and n not in (1, self.num_agents):
-                raise _bad("comparator_agents length must be 1 or num_agents when "
-                           "comparator_generation_mode='centralized'.", n, f"1 or {self.num_agents}")
+                raise bad_option("comparator_agents length must be 1 or num_agents when "
+                                 "comparator_generation_mode='centralized'.", n, f"1 or {self.num_agents}")
             if gen == "decentralized" and n != self.num_agents:
-                raise _bad("comparator_agents length must equal num_agents.", n, str(self.num_agents))
+                raise bad_option("comparator_agents length must equal num_agents.", n, str(self.num_agents))
         if policy == "history":
             if self.comparator_history_k is None:
                 self.comparator_history_k = 1
             if not is_int(self.comparator_history_k) or self.comparator_history_k < 1:
-                raise _bad("comparator_history_k must be >= 1.", self.comparator_history_k, "integers >= 1")
+                raise bad_option("comparator_history_k must be >= 1.", self.comparator_history_k, "integers >= 1")
         elif self.comparator_history_k is not None:
-            raise _bad("comparator_history_k is only valid when comparator_policy='history'.",
-                       self.comparator_history_k, "null")
+            raise bad_option("comparator_history_k is only valid when comparator_policy='history'.",
+                             self.comparator_history_k, "null")
         # docs/decisions.md, decision 1: the API format is validated here (upstream silently falls back to generic).
-        self.comparator_api_format = _normalize_choice(
+        self.comparator_api_format = normalize_choice(
             "comparator_api_format", self.comparator_api_format, API_FORMAT_ALIASES, "generic",
             "comparator_api_format must be one of: generic, openai, anthropic, openai_responses.")
         if policy == "api" and not self.comparator_api_url:
-            raise _bad("comparator_api_url is required when comparator_policy='api'.", self.comparator_api_url,
-                       "an http(s) URL")
+            raise bad_option("comparator_api_url is required when comparator_policy='api'.", self.comparator_api_url,
+                             "an http(s) URL")
         check_positive("comparator_api_timeout", self.comparator_api_timeout)
 
     def to_dict(self) -> dict[str, Any]:

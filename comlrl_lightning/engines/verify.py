@@ -2,7 +2,7 @@
 returns, shared by the MAGRPO family and IAC/MAAC.
 
 * :func:`check_engine_version`: right after sampling, the weight version a :class:`~comlrl_lightning.generation.Samples`
-  reports must be the engine's ``weight_version(agent)`` (every sync it was told about is applied).
+  reports must be the engine's (:func:`engine_weight_version`: every sync it was told about is applied).
 * :func:`check_logprob_gap`: on an update's first minibatch, the engine's log-probs of the sampled tokens against
   the trainer's from the forward the update makes anyway.
 * :func:`check_comparator_samples`: a comparator's samples come from the weights the comparator stands for (the live
@@ -45,11 +45,18 @@ class EngineSyncError(RuntimeError):
     """The engine sampled with weights other than the trainer's."""
 
 
+def engine_weight_version(engine: Any, agent: int) -> int | None:
+    """The weight version of ``agent`` that ``engine`` was last told about (``engine.weight_version(agent)``: the
+    updates sent to it); None for an engine without versions."""
+    version = getattr(engine, "weight_version", None)
+    return None if version is None else version(agent)
+
+
 def check_engine_version(engine: Any, agent: int, samples: Samples, step: int) -> None:
     """Raise :class:`EngineSyncError` when ``samples`` report a weight version of ``agent`` other than the one the
-    engine was last told about (``engine.weight_version(agent)``: a sync that was asked for and not applied).
+    engine was last told about (:func:`engine_weight_version`: a sync that was asked for and not applied).
     Engines or samples without versions are not checked."""
-    expected = engine.weight_version(agent) if hasattr(engine, "weight_version") else None
+    expected = engine_weight_version(engine, agent)
     if samples.version is None or expected is None or samples.version == expected:
         return
     raise EngineSyncError(

@@ -9,6 +9,7 @@ import torch
 from iterative_helpers import iter_args, make_trainer, task_items
 
 from comlrl_lightning.comparators.local import (
+    SOURCES,
     CurrentComparator,
     CurrentCopyComparator,
     HistoryComparator,
@@ -16,6 +17,7 @@ from comlrl_lightning.comparators.local import (
     build_comparator,
     history_snapshot_dir,
 )
+from comlrl_lightning.config.iterative import POLICIES
 from comlrl_lightning.data.sources import format_prompts
 from comlrl_lightning.envs.cooperative import FORMATTERS
 from comlrl_lightning.generation import Samples, SamplingStream
@@ -191,6 +193,18 @@ def test_api_policy_builds_the_http_client_when_available():
     args = iter_args(comparator_policy="api", comparator_api_url="http://127.0.0.1:9/v1")
     comp = build_comparator(args)
     assert comp.policy == "api" and hasattr(comp.client, "generate")
+
+
+def test_one_source_class_per_configured_policy():
+    """The factory map and the config's policy table name the same policies; an unknown name is refused with the
+    table's list (a config object that skipped the check, e.g. edited after it was built)."""
+    assert list(SOURCES) == list(POLICIES)
+    assert all(cls.policy == name for name, cls in SOURCES.items())
+    args = iter_args()
+    args.comparator_policy = "nearest"
+    with pytest.raises(ValueError, match=r"comparator_policy must be one of: current, current_copy, model, history, "
+                                         r"api\. Got 'nearest'"):
+        build_comparator(args)
 
 
 class _SpawningEngine:

@@ -17,7 +17,7 @@ from comlrl_lightning.comparators.api import (
     APIComparatorClient,
     APIComparatorError,
     CompletionRequest,
-    _generic_completions,
+    generic_completions,
     normalize_api_format,
 )
 
@@ -213,16 +213,16 @@ def test_generic_dotted_response_field(fake_llm_server):
 
 def test_generic_response_normalisation_matches_spec_examples():
     payload = {"data": {"outs": [{"text": "a"}, {"message": {"content": "b"}}, "c"]}}
-    assert _generic_completions(payload, "data.outs") == ["a", "b", "c"]
+    assert generic_completions(payload, "data.outs") == ["a", "b", "c"]
     # Stricter than the spec's normalisation: numbers and objects are never turned into text.
     for bad in ([{"text": "a"}, 3], {"text": "a"}, 7, [["nested"]]):
         with pytest.raises(ValueError, match="not a"):
-            _generic_completions({"completions": bad}, "completions")
-    assert _generic_completions({"choices": [{"text": "x"}, {"text": "y"}]}, "completions") == ["x", "y"]
-    assert _generic_completions({"completions": "one"}, "completions") == ["one"]
-    assert _generic_completions({"completions": None}, "completions") == []
-    assert _generic_completions({"outputs": [{"completion": "c"}, None]}, "completions") == ["c"]
-    assert _generic_completions({"data": [{"t": ["z"]}]}, "data.0.t") == ["z"]
+            generic_completions({"completions": bad}, "completions")
+    assert generic_completions({"choices": [{"text": "x"}, {"text": "y"}]}, "completions") == ["x", "y"]
+    assert generic_completions({"completions": "one"}, "completions") == ["one"]
+    assert generic_completions({"completions": None}, "completions") == []
+    assert generic_completions({"outputs": [{"completion": "c"}, None]}, "completions") == ["c"]
+    assert generic_completions({"data": [{"t": ["z"]}]}, "data.0.t") == ["z"]
 
 
 def test_requests_keep_order_across_items(fake_llm_server):

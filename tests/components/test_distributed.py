@@ -107,7 +107,7 @@ def test_api_comparator_shares_the_concurrency_limit_between_ranks():
     for world_size, share in ((1, 4), (2, 2), (3, 1), (8, 1)):
         comparator = APIComparator(SimpleNamespace(max_concurrency=4))
         for _ in range(2):  # once per fit: the share is taken of the run's limit, not of the last share
-            comparator.setup(SimpleNamespace(world_size=world_size), None)
+            comparator.setup(SimpleNamespace(world_size=world_size), SimpleNamespace(sampling_settings=lambda: None))
         assert comparator.client.max_concurrency == share
 
 

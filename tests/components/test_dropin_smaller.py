@@ -43,7 +43,7 @@ def test_centralized_comparator_from_one_model_name_loads_one_copy(tiny_model_di
                           comparator_generation_mode="centralized", num_agents=3)
     comparator = build_comparator(cfg)
     live = build_agents(agent_model=tiny_model_dir, num_agents=3)
-    comparator.setup(None, SimpleNamespace(team=live, args=cfg))
+    comparator.setup(None, SimpleNamespace(team=live, args=cfg, sampling_settings=lambda: None))
     team = comparator.inner.team() if hasattr(comparator, "inner") else comparator.team()
     assert len({id(m) for m in team.models}) == 1
     assert all(not p.requires_grad for p in team.models[0].parameters())
