@@ -58,8 +58,17 @@ class TaskRewardEvaluation(L.Callback):
         self.history: list[tuple[int, dict]] = []
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Check the module and the data module, and hand the module this callback's ``seed`` and
+        ``samples_per_item`` (``use_evaluation_settings``): ``validate`` / ``test`` then evaluate as this callback
+        does, so that ``validate`` reproduces the ``after`` number of ``fit``."""
         check_protocol(pl_module, TeamModule, "TaskRewardEvaluation", "module", "MADPOModule")
         check_protocol(trainer.datamodule, TaskSource, "TaskRewardEvaluation", "data module", "TaskDataModule")
+        pl_module.use_evaluation_settings(seed=self.seed, samples_per_item=self.samples_per_item)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Hand the module its default evaluation settings back: a later run without this callback evaluates as
+        one that never had it."""
+        pl_module.use_evaluation_settings()
 
     @property
     def before_after(self) -> tuple[float, float] | None:

@@ -36,12 +36,8 @@ from torch import Tensor, nn
 
 from comlrl_lightning.agents import load_model, load_tokenizer, prepare_tokenizer
 from comlrl_lightning.losses import bradley_terry_loss, bradley_terry_stats
-from comlrl_lightning.modules.base import (
-    default_adamw,
-    save_redacted_hyperparameters,
-    seal_checkpoint,
-    verify_checkpoint,
-)
+from comlrl_lightning.modules.base import default_adamw, save_redacted_hyperparameters
+from comlrl_lightning.modules.checkpoint_seal import seal_checkpoint, verify_checkpoint
 from comlrl_lightning.reward_model import (
     RewardModelOptions,
     check_prompt_part_fits,

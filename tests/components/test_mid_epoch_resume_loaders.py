@@ -9,7 +9,7 @@ import pytest
 
 from comlrl_lightning.data.madpo import pair_loader
 from comlrl_lightning.data.task import ResumableLoader, task_loader
-from comlrl_lightning.modules.base import warn_unresumable_position
+from comlrl_lightning.modules.checkpoint_seal import warn_unresumable_position
 
 ITEMS = [{"prompt": f"item {i}"} for i in range(10)]
 
