@@ -45,6 +45,7 @@ from comlrl_lightning.engines import engine_of
 from comlrl_lightning.engines.verify import EngineSyncError, check_comparator_samples, engine_weight_version
 from comlrl_lightning.generation import Samples, SamplingSettings, SamplingStream
 from comlrl_lightning.preferences import sample_team
+from comlrl_lightning.rounds import output_dir
 
 __all__ = [
     "APIComparator",
@@ -118,9 +119,9 @@ class LocalComparator:
         seed: base seed of the comparator streams (None: ``comparator_seed(args.seed)``); agent i's stream
             is seeded with ``rank_seed(base, rank) + 1_000_003 * i`` (``base`` itself on rank 0).
 
-    :meth:`setup` takes what the source needs from the run: ``live``, the learner's team (the ``current`` policies
-    sample it or copy it; every source places its models on its devices), and ``settings``, the learner's sampling
-    settings, which every policy samples with.
+    :meth:`setup` takes what the source needs from the run: ``live``, the learner's team (what ``current`` samples
+    and ``current_copy`` copies; the other policies take the agents' devices and engine from it), and ``settings``,
+    the learner's sampling settings, which every policy samples with.
     """
 
     policy = "local"
@@ -420,8 +421,6 @@ class HistoryComparator(LocalComparator):
         """As every local source, plus the snapshot folder (``policy_checkpoint_dir``, else the run folder's
         ``policy_checkpoints``) and ``k`` (``comparator_history_k``, else 1), from the module's ``args``."""
         super().setup(trainer, pl_module)
-        from comlrl_lightning.rounds import output_dir
-
         args = pl_module.args
         self.root = str(output_dir(trainer, self.root or getattr(args, "policy_checkpoint_dir", None),
                                    "policy_checkpoints"))
