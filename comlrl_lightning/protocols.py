@@ -32,6 +32,13 @@ class TaskSource(Protocol):
 
 
 @runtime_checkable
+class RolloutTask(TaskSource, Protocol):
+    """A task the RL modules roll out: a :class:`TaskSource` with its multi-turn transition (None: single turn)."""
+
+    external_transition: Callable | None
+
+
+@runtime_checkable
 class Comparator(Protocol):
     """The policy the current agents are compared against in a round.
 
@@ -48,7 +55,10 @@ class Comparator(Protocol):
 
 @runtime_checkable
 class PairSink(TaskSource, Protocol):
-    """A task source that trains on preference pairs: collection callbacks hand pairs to ``add_round``."""
+    """A task source that trains on preference pairs: collection callbacks hand pairs to ``add_round``; ``pairs`` are
+    what the round trains on."""
+
+    pairs: list
 
     def add_round(self, pairs: Sequence[Any]) -> None: ...
 
@@ -59,10 +69,9 @@ class RoundData(PairSink, Protocol):
 
     It owns the run's comparator (configured once, under ``data:`` in YAML) and the pairs: the collection
     callback hands a round's new pairs to :meth:`add_round`, the replay callback turns them into the
-    round's training pairs with :meth:`commit_round`; ``pairs`` are what the round trains on.
+    round's training pairs with :meth:`commit_round`.
     """
 
-    pairs: list
     pending_round: int | None
     candidate_raw_rewards: dict | None  # the last round's raw candidate rewards (record_candidate_rewards)
 

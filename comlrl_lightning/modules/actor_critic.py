@@ -52,6 +52,7 @@ from comlrl_lightning.multiturn.episodes import EpisodeSample, first_prompt, run
 from comlrl_lightning.multiturn.transitions import call_transition, next_prompts
 from comlrl_lightning.nets.critics import build_critics, joint_critic_text, right_pad
 from comlrl_lightning.overlap import MainThread
+from comlrl_lightning.protocols import RolloutTask, check_protocol
 from comlrl_lightning.tiny import TINY_MODEL_NAME
 
 
@@ -107,7 +108,7 @@ class ActorCriticModule(TeamModuleBase):
                 critic_model_name, model_config, critic_dim, None if self.is_maac else a.value_head_hidden_dim)
         self.critics, self.value_heads = nn.ModuleList(built), nn.ModuleList(heads)
         if isinstance(metrics_callback, str):
-            from comlrl_lightning.data.tasks import resolve_callable
+            from comlrl_lightning.data.sources import resolve_callable
 
             metrics_callback = resolve_callable(metrics_callback, "metrics_callback")
         if metrics_callback is not None and not callable(metrics_callback):
@@ -147,11 +148,12 @@ class ActorCriticModule(TeamModuleBase):
         seed = self.rank_rollout_seed()
         if seed is not None:  # each rank its own rollout streams (docs/scaling.md)
             self.streams, self._rng = self.rollout_streams(seed), random.Random(seed)
-        dm = getattr(self.trainer, "datamodule", None)
-        if dm is None or not hasattr(dm, "oracle") or not hasattr(dm, "formatters"):
+        dm = self.trainer.datamodule
+        if dm is None:
             raise ValueError(f"{self.method} needs a task data module with `formatters` and `oracle` "
-                             "(comlrl_lightning.data.tasks_dm.TaskDataModule).")
-        self.bind_task(dm.formatters, dm.oracle, getattr(dm, "external_transition", None))
+                             "(comlrl_lightning.data.task.TaskDataModule).")
+        check_protocol(dm, RolloutTask, self.method, "data module", "TaskDataModule")
+        self.bind_task(dm.formatters, dm.oracle, dm.external_transition)
 
     def trainable_modules(self) -> list[nn.Module]:
         return [*super().trainable_modules(), *self.critics, *self.value_heads]

@@ -17,7 +17,7 @@ from typing import Any
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.collaboration import CentralizedReward
-from comlrl_lightning.config_rl import CentralizedMAGRPOConfig
+from comlrl_lightning.config.magrpo import CentralizedMAGRPOConfig
 from comlrl_lightning.modules.magrpo import MAGRPOModule
 from comlrl_lightning.tiny import TINY_MODEL_NAME
 
@@ -26,7 +26,7 @@ class CentralizedMAGRPOModule(MAGRPOModule):
     """MAGRPO of one joint policy that writes every role (CoMLRL 1.4.3's ``CentralizedMAGRPOTrainer``), with a
     :class:`~comlrl_lightning.data.centralized.CentralizedTaskDataModule`.
 
-    ``args`` is a :class:`~comlrl_lightning.config_rl.CentralizedMAGRPOConfig` (``num_agents`` = roles); the team
+    ``args`` is a :class:`~comlrl_lightning.config.magrpo.CentralizedMAGRPOConfig` (``num_agents`` = roles); the team
     holds one actor model trained with ``args.learner_args()``. The loss is MAGRPO's over the joint completion:
     the sum of the joint text's token log-probs (every role's tokens, up to and including the first EOS) times
     its advantage, the mean over the group (CoMLRL's ``joint_policy_gradient_loss``). Evaluation scores joint
@@ -57,7 +57,7 @@ class CentralizedMAGRPOModule(MAGRPOModule):
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dm = self.task
         if dm is None:
             return
         if not isinstance(getattr(dm, "joint_reward", None), CentralizedReward):

@@ -58,6 +58,7 @@ from comlrl_lightning.multiturn.tree import (
     node_samples,
 )
 from comlrl_lightning.overlap import MainThread
+from comlrl_lightning.protocols import RolloutTask, check_protocol
 from comlrl_lightning.reference import ReferencePolicies, sequence_kl
 from comlrl_lightning.tiny import TINY_MODEL_NAME
 
@@ -104,19 +105,18 @@ class MAGRPOModule(TeamModuleBase):
         self._gap_version: dict[int, int | None] = {}  # per agent: the version its next minibatch checks, or None
         self._logprob_gaps: dict[int, float] = {}  # per agent: the gap measured in its last update
         self._last_logged_step: int | None = None
+        self.task: RolloutTask | None = None  # the data module, bound in setup
 
     def setup(self, stage: str) -> None:
         seed = self.rank_rollout_seed()
         if seed is not None:  # each rank its own rollout streams (docs/scaling.md)
             self.streams, self.shuffle_rng = self.rollout_streams(seed), random.Random(seed)
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        dm = self.trainer.datamodule
         if dm is None:
             return
-        for attr in ("formatters", "oracle"):
-            if not hasattr(dm, attr):
-                raise ValueError(f"{type(self).__name__} needs a datamodule with `{attr}` (use TaskDataModule); "
-                                 f"got {type(dm).__name__}.")
-        check_transition(self.args, getattr(dm, "external_transition", None), self.algorithm_name)
+        check_protocol(dm, RolloutTask, type(self).__name__, "data module", "TaskDataModule")
+        check_transition(self.args, dm.external_transition, self.algorithm_name)
+        self.task = dm
 
     # --- rollout -------------------------------------------------------------------------------------------
     def _sample_level(self, agent: int, prompts: Sequence[tuple[str, str]]) -> list[AgentDraw]:
@@ -214,14 +214,12 @@ class MAGRPOModule(TeamModuleBase):
         return [(root, node_samples(root, n, a.num_generations, a.advantage_mode, a.advantage_normalization, coef))
                 for root in trees]
 
-    def evaluate(self, items: Sequence[dict], task: Any, seed: int = 12345, samples_per_item: int = 1) -> dict:
+    def evaluate(self, items: Sequence[dict], task: RolloutTask, seed: int = 12345, samples_per_item: int = 1) -> dict:
         """Single turn: the base's evaluation. Multi-turn: :meth:`evaluate_turns` with the task's formatters,
         oracle and transition; ``eval/reward_mean`` = the mean immediate reward over the turns."""
         if self.args.num_turns > 1:
-            transition = getattr(task, "external_transition", None)
-            metrics = self.evaluate_turns(items, task.formatters, task.oracle, transition,
-                                          samples_per_item=samples_per_item, seed=seed,
-                                          prompt_field=getattr(task, "prompt_field", "prompt"))
+            metrics = self.evaluate_turns(items, task.formatters, task.oracle, task.external_transition,
+                                          samples_per_item=samples_per_item, seed=seed, prompt_field=task.prompt_field)
             return with_turn_mean(metrics, self.args.num_turns)
         return super().evaluate(items, task, seed, samples_per_item)
 
@@ -285,12 +283,11 @@ class MAGRPOModule(TeamModuleBase):
         return max_nodes_per_tree(self.team.num_agents, a.num_generations, a.num_turns, a.joint_mode)
 
     def training_step(self, batch: list[tuple[int, dict]], batch_idx: int) -> None:
-        dm = self.trainer.datamodule
-        oracle = self.training_oracle(dm)
+        task = self.task
+        oracle = self.training_oracle(task)
         losses = []
         for window in self.update_windows(batch):
-            trees = self.rollout_batch(window, dm.formatters, oracle, getattr(dm, "external_transition", None),
-                                       getattr(dm, "prompt_field", "prompt"))
+            trees = self.rollout_batch(window, task.formatters, oracle, task.external_transition, task.prompt_field)
             versions = list(self.policy_versions)  # every tree of the window was sampled by these weights
             for _, samples in trees:
                 # docs/multiturn.md §2.9: group by node env_step (pre-order), agents in index order; drain ready agents
