@@ -1,8 +1,14 @@
-"""Log from any hook: Lightning's ``self.log`` is not allowed everywhere (e.g. ``on_train_end``)."""
+"""Logging beside ``self.log``: from hooks where Lightning does not allow it (e.g. ``on_train_end``), and training
+metrics written only on the steps that pass a gate (``logging_steps``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
+import lightning as L
 import torch
+from torch import nn
+from torchmetrics import Metric
 
 
 def logged_step(trainer) -> int:
@@ -24,3 +30,41 @@ def log_metrics(trainer, metrics: dict[str, float], step: int | None = None) -> 
             logger.log_metrics(clean, step=step)
     for k, v in clean.items():
         trainer.callback_metrics[k] = torch.tensor(v)
+
+
+class StepValue(Metric):
+    """The value of one training metric at the current step, or none: ``forward(value)`` gives it, ``reset()``
+    takes it away. Logged with ``self.log(name, metric, on_step=True, on_epoch=False)`` on every step, Lightning
+    writes the value on the steps that gave one and nothing on the others (a tensor would be written again at
+    every later step of the epoch: tests/modules/test_step_metrics.py). float64, so loggers get the float given."""
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._value = 0.0
+
+    def update(self, value: float) -> None:
+        self._value = float(value)
+
+    def compute(self) -> torch.Tensor:
+        return torch.tensor(self._value, dtype=torch.float64)
+
+
+class StepMetrics(nn.Module):
+    """A module's gated training metrics, named once: :meth:`log_to` logs each through Lightning every training step,
+    with this step's value or none (nothing is written then). No state of its own in the checkpoint."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        super().__init__()
+        self.names = list(names)
+        self.values = nn.ModuleList(StepValue() for _ in self.names)
+
+    def log_to(self, module: L.LightningModule, metrics: Mapping[str, float] | None) -> None:
+        """``module.log`` every metric from ``training_step``: ``metrics`` (a value for every name) on a step that
+        passed the gate, None on one that did not."""
+        for name, metric in zip(self.names, self.values):
+            metric.reset()
+            if metrics is not None:
+                metric(metrics[name])
+            module.log(name, metric, on_step=True, on_epoch=False)

@@ -63,12 +63,21 @@ def iterative(items, prompts, *a, item_offset=0, **k):
 
 
 preferences.collect_offline_pairs, iterative_collection.build_iterative_pairs = offline, iterative
-for module in (madpo, iterative_collection, preference_collection):  # what each rank would log (rank 0 does)
+for module in (iterative_collection, preference_collection):  # what each rank would log (rank 0 does)
     def logging(trainer, metrics, step=None, _log=module.log_metrics):
         record["logged"].append({k: float(v) for k, v in metrics.items()})
         return _log(trainer, metrics, step)
 
     module.log_metrics = logging
+
+
+def training_means(*args, _mean=madpo.mean_across_ranks, **kwargs):  # what MADPO's self.log gets on each rank
+    out = _mean(*args, **kwargs)
+    record["logged"].append({k: float(v) for k, v in out.items()})
+    return out
+
+
+madpo.mean_across_ranks = training_means
 _write = replay_store.write_text_atomic
 replay_store.write_text_atomic = lambda path, text: (record["writes"].append(os.path.basename(path)), _write(path, text))[1]
 

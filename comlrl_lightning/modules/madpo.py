@@ -23,11 +23,12 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.config import MADPOConfig, MADPOIterConfig
 from comlrl_lightning.distributed import world
-from comlrl_lightning.logging_utils import log_metrics
+from comlrl_lightning.logging_utils import StepMetrics
 from comlrl_lightning.logprobs import sequence_logps
 from comlrl_lightning.losses import madpo_loss, madpo_loss_detached_others
 from comlrl_lightning.metrics import mean_across_ranks
 from comlrl_lightning.modules.base import TeamModuleBase
+from comlrl_lightning.protocols import PairSink, check_protocol
 from comlrl_lightning.tiny import TINY_MODEL_NAME
 
 
@@ -50,6 +51,17 @@ class MADPOModule(TeamModuleBase):
         self.round_index = 0
         self._accum = 0
         self._last_logged_progress: int | None = None  # the logging_steps gate
+        self.step_metrics = StepMetrics([
+            "train/loss", "train/accuracy", "turn_1/reward_mean", "turn_1/expected_return", "env_step", "round",
+            *(f"train/agent{i}/{q}" for i in range(self.team.num_agents)
+              for q in ("rewards/margins", "logps/chosen", "logps/rejected"))])
+        self.task: PairSink | None = None  # the data module, bound in setup
+
+    def setup(self, stage: str) -> None:
+        dm = self.trainer.datamodule
+        if dm is not None and stage == "fit":  # training reads its pairs (the progress bar's count)
+            check_protocol(dm, PairSink, type(self).__name__, "data module", "PreferenceDataModule")
+        self.task = dm
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
         # A round without training pairs serves one placeholder batch (an empty dataloader would end fit).
@@ -179,15 +191,16 @@ class MADPOModule(TeamModuleBase):
             metrics[f"train/agent{i}/rewards/margins"] = beta * stats["agent_margins"][i]
             metrics[f"train/agent{i}/logps/chosen"] = stats["chosen_logps"][i]
             metrics[f"train/agent{i}/logps/rejected"] = stats["rejected_logps"][i]
-        if self._log_gate_passes():  # straight to the loggers: self.log would repeat stale values on gated steps
+        if self._log_gate_passes():
             # under DDP, the means over every rank's batch (torchmetrics; docs/scaling.md, section 3)
             metrics = mean_across_ranks({k: float(v) for k, v in metrics.items()}, bsz, world(self._trainer)[1],
                                         self.device, keep=("env_step", "round"))
-            log_metrics(self.trainer, metrics)
+        else:
+            metrics = None  # nothing is written at this step (a metric object: no stale repeat, see StepMetrics)
+        self.step_metrics.log_to(self, metrics)
         self.log("loss", loss.detach(), prog_bar=True, batch_size=bsz, logger=False)
-        pairs = getattr(getattr(self.trainer, "datamodule", None), "pairs", None)
-        if pairs is not None:
-            self.log("pairs", float(len(pairs)), prog_bar=True, batch_size=bsz, logger=False)
+        if self.task is not None:
+            self.log("pairs", float(len(self.task.pairs)), prog_bar=True, batch_size=bsz, logger=False)
 
     def _log_gate_passes(self) -> bool:
         """CoMLRL's ``logging_steps`` gate (docs/coming-from-comlrl.md): the first log passes, later ones need
@@ -202,7 +215,7 @@ class MADPOModule(TeamModuleBase):
 
     # --- checkpoint ----------------------------------------------------------------------------------------
     def on_train_epoch_start(self) -> None:
-        self.round_index = self.current_epoch // max(1, int(getattr(self.args, "num_train_epochs", 1)))
+        self.round_index = self.current_epoch // max(1, self.args.num_train_epochs)
 
     def progress_state(self) -> dict[str, Any]:
         return {**super().progress_state(), "round_index": self.round_index}
