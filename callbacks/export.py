@@ -2,8 +2,8 @@
 
 ``<run>/agents/agent_{i}/`` (from_pretrained-loadable, with a model card ``README.md`` and a
 ``generation_config.json`` that records the sampling settings used in training) and, when the run fitted one,
-``<run>/reward_model/`` (backbone + tokenizer, ``head.pt``, ``reward_model.json``). ``<run>`` is the logger's
-versioned folder (``trainer.log_dir``, e.g. ``outputs/madpo_tiny/lightning_logs/version_3``), where the CLI
+``<run>/reward_model/`` (written by the reward model's ``save_reward_model``). ``<run>`` is the logger's versioned
+folder (``trainer.log_dir``, e.g. ``outputs/madpo_tiny/lightning_logs/version_3``), where the CLI
 also saves ``config.yaml``; so runs never overwrite each other.
 """
 
@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 import yaml
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -120,32 +119,6 @@ def record_sampling(folder: Path, pl_module: L.LightningModule) -> None:
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
-def save_reward_model(reward_model: Any, folder: Path) -> Path:
-    """``folder/backbone/`` (save_pretrained + tokenizer), ``folder/head.pt`` (+ ``length_head.pt``) and
-    ``folder/reward_model.json``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    backbone = reward_model.backbone
-    if hasattr(backbone, "save_pretrained"):
-        backbone.save_pretrained(str(folder / "backbone"))
-    else:
-        torch.save(backbone.state_dict(), folder / "backbone.pt")
-    reward_model.tokenizer.save_pretrained(str(folder / "backbone"))
-    torch.save({k: v.detach().cpu() for k, v in reward_model.head.state_dict().items()}, folder / "head.pt")
-    length_head = getattr(reward_model, "length_head", None)
-    if length_head is not None:  # reward_length_features: the length-aware head
-        torch.save({k: v.detach().cpu() for k, v in length_head.state_dict().items()}, folder / "length_head.pt")
-    options = reward_model.args.to_dict() if hasattr(reward_model.args, "to_dict") else _plain(reward_model.args)
-    (folder / "reward_model.json").write_text(json.dumps({
-        "class": f"{type(reward_model).__module__}.{type(reward_model).__name__}",
-        "options": _plain(options),
-        "num_agents": getattr(reward_model, "num_agents", None),
-        "load": "JointRewardModel(model='<folder>/backbone', args=RewardModelOptions(**options), "
-                "num_agents=num_agents); head.load_state_dict(torch.load('<folder>/head.pt')) (and length_head "
-                "from length_head.pt when present)",
-    }, indent=2) + "\n")
-    return folder
-
-
 class ExportAgents(L.Callback):
     """Save the trained team (and a fitted reward model) under the run's folder at the end of training.
 
@@ -182,6 +155,6 @@ class ExportAgents(L.Callback):
             reward_model = (pl_module if hasattr(pl_module, "head") and hasattr(pl_module, "backbone")
                             else getattr(getattr(pl_module, "train_oracle", None), "reward_model", None))
             if reward_model is not None and hasattr(reward_model, "head"):
-                folder = save_reward_model(reward_model, run / "reward_model")
+                folder = reward_model.save_reward_model(run / "reward_model")
                 self.exported["reward_model"] = str(folder)
                 rank_zero_info(f"Saved the reward model under {folder}")

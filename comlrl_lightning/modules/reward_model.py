@@ -13,7 +13,7 @@ the same alone or padded in a batch, also for absolute-position backbones.
 
 Training is plain automatic optimization: per batch of B pairs one forward over the 2B joint texts
 (chosen rows then rejected rows, as in the collate of
-:class:`~comlrl_lightning.data.reward_pairs.RewardPairDataModule`), the Bradley–Terry loss
+:class:`~comlrl_lightning.data.reward_model.RewardPairDataModule`), the Bradley–Terry loss
 ``mean_b −log σ(r_chosen,b − r_rejected,b)``, one AdamW step (lr ``reward_learning_rate``) per batch.
 
 Fresh model per round (MARLHFIter, docs/preference.md §8.3): :meth:`JointRewardModel.fresh` builds a new module from the
@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -35,11 +37,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from comlrl_lightning.agents import load_model, load_tokenizer, prepare_tokenizer
+from comlrl_lightning.config.reward_model import RewardModelOptions
 from comlrl_lightning.losses import bradley_terry_loss, bradley_terry_stats
 from comlrl_lightning.modules.base import default_adamw, save_redacted_hyperparameters
 from comlrl_lightning.modules.checkpoint_seal import seal_checkpoint, verify_checkpoint
 from comlrl_lightning.reward_model import (
-    RewardModelOptions,
     check_prompt_part_fits,
     encode_joint_texts,
     infer_hidden_size,
@@ -328,6 +330,31 @@ class JointRewardModel(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         verify_checkpoint(self, checkpoint)
 
+    def save_reward_model(self, output_dir: str | Path) -> Path:
+        """Write the model to ``output_dir``: ``backbone/`` (save_pretrained + tokenizer; ``backbone.pt`` for a torch
+        module without save_pretrained), ``head.pt`` (+ ``length_head.pt``) and ``reward_model.json`` (class, options,
+        num_agents, how to load). Returns the folder."""
+        folder = Path(output_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        if hasattr(self.backbone, "save_pretrained"):  # a Hugging Face or peft model; else a plain torch module
+            self.backbone.save_pretrained(str(folder / "backbone"))
+        else:
+            torch.save(self.backbone.state_dict(), folder / "backbone.pt")
+        self.tokenizer.save_pretrained(str(folder / "backbone"))
+        torch.save({k: v.detach().cpu() for k, v in self.head.state_dict().items()}, folder / "head.pt")
+        if self.length_head is not None:  # reward_length_features: the length-aware head
+            torch.save({k: v.detach().cpu() for k, v in self.length_head.state_dict().items()},
+                       folder / "length_head.pt")
+        (folder / "reward_model.json").write_text(json.dumps({
+            "class": f"{type(self).__module__}.{type(self).__name__}",
+            "options": self.args.to_dict(),
+            "num_agents": self.num_agents,
+            "load": "JointRewardModel(model='<folder>/backbone', args=RewardModelOptions(**options), "
+                    "num_agents=num_agents); head.load_state_dict(torch.load('<folder>/head.pt')) (and length_head "
+                    "from length_head.pt when present)",
+        }, indent=2) + "\n")
+        return folder
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]
         if not params:
@@ -354,11 +381,11 @@ def fit_reward_model(
     """Train ``model`` on pairs for ``reward_num_train_epochs`` epochs; return the final logged metrics.
 
     ``train_pairs`` / ``eval_pairs`` (and ``datamodule_kwargs``): what
-    :class:`~comlrl_lightning.data.reward_pairs.RewardPairDataModule` takes. ``trainer_kwargs`` go to
+    :class:`~comlrl_lightning.data.reward_model.RewardPairDataModule` takes. ``trainer_kwargs`` go to
     ``lightning.Trainer`` (``max_epochs`` defaults to the option). The model is left in eval mode, as
     upstream leaves it after training.
     """
-    from comlrl_lightning.data.reward_pairs import RewardPairDataModule
+    from comlrl_lightning.data.reward_model import RewardPairDataModule
 
     kwargs = {"max_epochs": model.args.reward_num_train_epochs, **(trainer_kwargs or {})}
     trainer = L.Trainer(**kwargs)

@@ -30,14 +30,13 @@ def test_learned_reward_model_is_exported_to_the_run_folder(tiny_model_dir, tmp_
 def test_length_aware_head_is_exported_with_num_agents(tiny_model_dir, tmp_path):
     import json
 
-    from comlrl_lightning.callbacks.export import save_reward_model
     from comlrl_lightning.config.reward_model import RewardModelOptions
     from comlrl_lightning.modules.reward_model import JointRewardModel
 
     model = JointRewardModel(tiny_model_dir, args=RewardModelOptions(reward_length_features="add"), num_agents=2)
     with torch.no_grad():
         model.length_head.weight.fill_(0.5)
-    folder = save_reward_model(model, tmp_path / "rm")
+    folder = model.save_reward_model(tmp_path / "rm")
     saved = torch.load(folder / "length_head.pt")
     assert torch.equal(saved["weight"], model.length_head.weight.detach())
     meta = json.loads((folder / "reward_model.json").read_text())
