@@ -18,6 +18,8 @@ import lightning as L
 import yaml
 from lightning.pytorch.utilities import rank_zero_info
 
+from comlrl_lightning.protocols import TeamModule
+
 
 def run_folder(trainer: L.Trainer) -> Path:
     """The run's versioned folder: ``trainer.log_dir`` (the first logger's), else ``default_root_dir``."""
@@ -37,11 +39,10 @@ def _plain(value: Any) -> Any:
     return getattr(value, "__qualname__", None) or repr(value)
 
 
-def _args_dict(pl_module: L.LightningModule) -> dict:
+def _args_dict(pl_module: TeamModule) -> dict:
     from comlrl_lightning.config import redact_secrets
 
-    args = getattr(pl_module, "args", None)
-    return _plain(redact_secrets(args)) if args is not None else {}
+    return _plain(redact_secrets(pl_module.args)) if pl_module.args is not None else {}
 
 
 def _name_of(obj: Any) -> str:
@@ -54,10 +55,10 @@ def _name_of(obj: Any) -> str:
     return f"{module}.{name}" if module else name
 
 
-def model_card(pl_module: L.LightningModule, trainer: L.Trainer, agent: int, agents_dir: Path, run: Path) -> str:
+def model_card(pl_module: TeamModule, trainer: L.Trainer, agent: int, agents_dir: Path, run: Path) -> str:
     """The ``README.md`` of ``agent_{i}/``: algorithm, config, data, reward, metrics, how to load."""
     dm = trainer.datamodule
-    hp = dict(getattr(dm, "hparams", {}) or {}) if dm is not None else {}
+    hp = dict(dm.hparams) if dm is not None else {}
     config = run / "config.yaml"
     if config.exists():  # the CLI's saved config names the data as the user wrote it
         data = (yaml.safe_load(config.read_text()) or {}).get("data") or {}
@@ -71,7 +72,7 @@ def model_card(pl_module: L.LightningModule, trainer: L.Trainer, agent: int, age
         f"# agent_{agent} — {type(pl_module).__name__}",
         "",
         f"Trained with comlrl-lightning (`{type(pl_module).__module__}.{type(pl_module).__name__}`), "
-        f"agent {agent} of {pl_module.team.num_agents}, {getattr(pl_module, 'updates_seen', 0)} updates "
+        f"agent {agent} of {pl_module.team.num_agents}, {pl_module.updates_seen} updates "
         f"({trainer.current_epoch} epochs).",
         "",
         "## Data",
@@ -141,7 +142,7 @@ class ExportAgents(L.Callback):
         if not trainer.is_global_zero and not sharded:
             return
         run = run_folder(trainer)
-        if hasattr(pl_module, "save_agents"):
+        if isinstance(pl_module, TeamModule):
             agents_dir = Path(self.output_dir) if self.output_dir is not None else run / "agents"
             paths = save_team(pl_module, str(agents_dir)) if sharded else pl_module.save_agents(str(agents_dir))
             if not trainer.is_global_zero:

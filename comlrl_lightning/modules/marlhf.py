@@ -72,6 +72,7 @@ class _SkipWithoutLearnedReward:
         self.algorithm_name = f"MARLHF/{ALGORITHM_NAMES[args.rl_algorithm]}"
         self.reward_source = default_reward_source(agent_model, agents)
         self.model_config = model_config
+        self._said_skip = False  # the "no learned reward yet" message is said once
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -85,7 +86,7 @@ class _SkipWithoutLearnedReward:
     def _no_learned_reward(self) -> bool:
         if self.train_oracle is not None:
             return False
-        if not getattr(self, "_said_skip", False):
+        if not self._said_skip:
             rank_zero_info("MARLHF: no learned reward model is active (no training pairs); RL steps are skipped "
                            "until one is fitted.")
             self._said_skip = True
