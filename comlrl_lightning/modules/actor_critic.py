@@ -89,7 +89,7 @@ class ActorCriticModule(TeamModuleBase):
         lr_scheduler: LRSchedulerCallable | None = None,
     ):
         super().__init__()
-        self.args = args if args is not None else IACConfig()
+        self.args: IACConfig | MAACConfig = args if args is not None else IACConfig()
         if not isinstance(self.args, (IACConfig, MAACConfig)):
             raise TypeError(f"args must be an IACConfig or a MAACConfig; got {type(self.args).__name__}.")
         self.save_redacted_hyperparameters(ignore=["agents", "tokenizer", "critic_model", "critics", "metrics_callback",

@@ -45,7 +45,7 @@ class MADPOModule(TeamModuleBase):
                  args: MADPOConfig | MADPOIterConfig | None = None, optimizer: OptimizerCallable | None = None,
                  lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__()
-        self.args = args if args is not None else MADPOConfig()
+        self.args: MADPOConfig | MADPOIterConfig = args if args is not None else MADPOConfig()
         self.save_redacted_hyperparameters(ignore=["agents", "tokenizer", "optimizer", "lr_scheduler"])
         self.init_team(agent_model, agents, tokenizer, model_config, lora, optimizer, lr_scheduler)
         self.round_index = 0

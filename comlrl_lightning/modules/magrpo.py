@@ -90,7 +90,7 @@ class MAGRPOModule(TeamModuleBase):
                  args: MAGRPOConfig | None = None, optimizer: OptimizerCallable | None = None,
                  lr_scheduler: LRSchedulerCallable | None = None):
         super().__init__()
-        self.args = args if args is not None else MAGRPOConfig()
+        self.args: MAGRPOConfig = args if args is not None else MAGRPOConfig()
         self.save_redacted_hyperparameters(ignore=["agents", "tokenizer", "optimizer", "lr_scheduler"])
         self.init_team(agent_model, agents, tokenizer, model_config, lora, optimizer, lr_scheduler)
         # Built from the initial weights, before any checkpoint is restored (references stay the initial policy).
