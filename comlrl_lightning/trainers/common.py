@@ -57,12 +57,18 @@ def sync_num_agents(args: Any, agents: Any, num_agents: int | None) -> None:
 def trainer_kwargs_for(max_epochs: int, args: Any, algorithm: str, wandb_config: dict | None,
                        trainer_kwargs: dict | None) -> dict[str, Any]:
     """``lightning.Trainer`` kwargs of a facade: quiet CPU/GPU defaults, a ``WandbLogger`` when
-    ``wandb_config`` is given (and ``trainer_kwargs`` sets no logger), then the user's ``trainer_kwargs``."""
+    ``wandb_config`` is given (and ``trainer_kwargs`` sets no logger), then the user's ``trainer_kwargs``; checkpoints
+    are written atomically (:class:`~comlrl_lightning.checkpoint_io.AtomicCheckpointIO` joins ``plugins`` unless the
+    user's plugins or strategy bring their own ``CheckpointIO``)."""
+    from comlrl_lightning.checkpoint_io import with_atomic_checkpoint_io
+
     kwargs: dict[str, Any] = {"accelerator": "auto", "devices": 1, "logger": False, "enable_checkpointing": False,
                               "num_sanity_val_steps": 0, "log_every_n_steps": 1, "max_epochs": max_epochs}
     if wandb_config is not None and "logger" not in (trainer_kwargs or {}):
         kwargs["logger"] = wandb_logger(wandb_config, args, algorithm)
     kwargs.update(trainer_kwargs or {})
+    kwargs["plugins"] = with_atomic_checkpoint_io(kwargs.get("plugins"), kwargs.get("strategy"),
+                                                  kwargs.get("accelerator"))
     return kwargs
 
 
