@@ -18,7 +18,9 @@ import lightning as L
 import yaml
 from lightning.pytorch.utilities import rank_zero_info
 
+from comlrl_lightning.modules.reward_model import JointRewardModel
 from comlrl_lightning.protocols import TeamModule
+from comlrl_lightning.reward_model import LearnedRewardOracle
 
 
 def run_folder(trainer: L.Trainer) -> Path:
@@ -120,6 +122,17 @@ def record_sampling(folder: Path, pl_module: L.LightningModule) -> None:
     path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
+def fitted_reward_model(pl_module: L.LightningModule) -> JointRewardModel | None:
+    """The reward model a run fitted: the module itself, or the learned reward a team module trained on (MARLHF's
+    training oracle); None when there is none."""
+    if isinstance(pl_module, JointRewardModel):
+        return pl_module
+    oracle = getattr(pl_module, "train_oracle", None)  # set by a reward-model callback (use_train_oracle)
+    if isinstance(oracle, LearnedRewardOracle) and isinstance(oracle.reward_model, JointRewardModel):
+        return oracle.reward_model
+    return None
+
+
 class ExportAgents(L.Callback):
     """Save the trained team (and a fitted reward model) under the run's folder at the end of training.
 
@@ -153,9 +166,8 @@ class ExportAgents(L.Callback):
             self.exported["agents"] = str(agents_dir)
             rank_zero_info(f"Saved {len(paths)} agents under {agents_dir}")
         if self.save_reward_model:
-            reward_model = (pl_module if hasattr(pl_module, "head") and hasattr(pl_module, "backbone")
-                            else getattr(getattr(pl_module, "train_oracle", None), "reward_model", None))
-            if reward_model is not None and hasattr(reward_model, "head"):
+            reward_model = fitted_reward_model(pl_module)
+            if reward_model is not None:
                 folder = reward_model.save_reward_model(run / "reward_model")
                 self.exported["reward_model"] = str(folder)
                 rank_zero_info(f"Saved the reward model under {folder}")
