@@ -1,5 +1,6 @@
 """The joint reward model's components: the joint text template, last-token pooling, tokenization (docs/preference.md
-§8), and :class:`LearnedRewardOracle`, a fitted model behind the task-reward oracle interface (§8.4–8.5).
+§8), and :class:`LearnedRewardOracle`, a fitted model behind the task-reward oracle interface (docs/preference.md
+§8.4–8.5).
 
 The options are :mod:`comlrl_lightning.config.reward_model`, the LightningModule
 :mod:`comlrl_lightning.modules.reward_model`, the pair DataModule :mod:`comlrl_lightning.data.reward_model` and the

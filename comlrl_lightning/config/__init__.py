@@ -42,7 +42,7 @@ from comlrl_lightning.config.secrets import SECRET_HEADER_WORDS, redact_secrets
 # Every public config dataclass: the ``args`` a module saves among its hyper-parameters (a checkpoint holds the
 # object, so weights_only loading allow-lists these classes: comlrl_lightning.modules.base).
 CONFIG_CLASSES = (MADPOConfig, MADPOIterConfig, MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig,
-                  IACConfig, MAACConfig, MARLHFConfig, MARLHFIterConfig)
+                  CentralizedMAGRPOConfig, IACConfig, MAACConfig, MARLHFConfig, MARLHFIterConfig)
 
 __all__ = [
     "CONFIG_CLASSES",
@@ -84,5 +84,4 @@ __all__ = [
 ]
 
 
-register_yaml_representers(IACConfig, MAACConfig, MADPOConfig, MADPOIterConfig, MAGRPOConfig, MAREINFORCEConfig,
-                           MAReMaxConfig, MARLOOConfig, MARLHFConfig, MARLHFIterConfig)
+register_yaml_representers(*CONFIG_CLASSES)
