@@ -6,10 +6,13 @@ evaluation and export callbacks unchanged."""
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
+import pytest
 import torch
+import yaml
 from conftest import cpu_trainer_kwargs
 from iterative_helpers import iter_args, task_items
 
@@ -20,6 +23,7 @@ from comlrl_lightning.callbacks import (
     ReplaySelection,
     TaskRewardEvaluation,
 )
+from comlrl_lightning.config import MAGRPOConfig, register_config_classes
 from comlrl_lightning.data.madpo import IterativePreferenceDataModule
 from comlrl_lightning.data.sources import format_prompts
 from comlrl_lightning.data.task import TaskDataModule
@@ -29,7 +33,7 @@ from comlrl_lightning.logprobs import build_scoring_batch, sequence_logps
 from comlrl_lightning.modules import MADPOModule
 from comlrl_lightning.modules.base import TeamModuleBase
 from comlrl_lightning.preferences import sample_team
-from comlrl_lightning.protocols import Comparator, TeamModule, check_protocol
+from comlrl_lightning.protocols import Comparator, TaskSource, TeamModule, check_protocol
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
@@ -75,11 +79,14 @@ class BestOfKImitation(TeamModuleBase):
         self.init_team(agent_model, None, None, None, None)
         self.streams = [SamplingStream(100 + i) for i in range(self.team.num_agents)]
 
+    def setup(self, stage):
+        self.task = self.trainer.datamodule  # bound once, checked like every shipped module binds its task
+        check_protocol(self.task, TaskSource, "BestOfKImitation", "data module", "TaskDataModule")
+
     def training_step(self, batch, batch_idx):
-        task = self.trainer.datamodule
-        oracle = self.training_oracle(task)
+        oracle = self.training_oracle(self.task)
         for index, item in batch:
-            prompts = format_prompts([item], task.formatters, offset=index)
+            prompts = format_prompts([item], self.task.formatters, offset=index)
             samples = sample_team(self.team, prompts, self.k, self.sampling_settings(), self.streams)
             rewards = [oracle.score([p[0] for p in prompts], [samples[a].texts[0][j] for a in range(len(samples))],
                                     item, index)[0] for j in range(self.k)]
@@ -99,8 +106,6 @@ class BestOfKImitation(TeamModuleBase):
 
 
 def test_recipe_add_an_rl_backend(tiny_model_dir, tmp_path):
-    from comlrl_lightning.config import MAGRPOConfig
-
     args = MAGRPOConfig(num_agents=2, max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=None,
                         agent_learning_rate=1e-2, eval_interval=0, eval_num_samples=2)
     module = BestOfKImitation(str(tiny_model_dir), args)
@@ -118,3 +123,35 @@ def test_recipe_add_an_rl_backend(tiny_model_dir, tmp_path):
     assert "eval/reward_mean" in evaluation.history[-1][1]
     assert (tmp_path / "agents" / "agent_1" / "config.json").is_file()
     assert inspect.getsource(BestOfKImitation).strip() in DOC.read_text()  # the page shows exactly this code
+
+
+@dataclass
+class BestOfKConfig(MAGRPOConfig):
+    """MAGRPO's options plus the number of joint answers to sample per item."""
+
+    k: int = 4
+    """Joint answers sampled per task item."""
+
+register_config_classes(BestOfKConfig)
+
+
+def test_recipe_a_backend_with_its_own_config(tmp_path):
+    cfg = BestOfKConfig(num_agents=2, k=8)
+    assert yaml.safe_load(yaml.dump({"args": cfg}))["args"]["k"] == 8  # hparams.yaml holds a plain mapping
+    torch.save({"hyper_parameters": {"args": cfg}}, tmp_path / "c.ckpt")
+    loaded = torch.load(tmp_path / "c.ckpt", weights_only=True)["hyper_parameters"]["args"]  # what resume does
+    assert loaded == cfg and loaded.k == 8
+    block = inspect.getsource(BestOfKConfig).strip() + "\n\nregister_config_classes(BestOfKConfig)"
+    assert block in DOC.read_text()  # the page shows exactly this code
+
+
+@dataclass
+class UnregisteredConfig(MAGRPOConfig):
+    k: int = 4
+
+
+def test_an_unregistered_config_is_refused_by_weights_only_loading(tmp_path):
+    """The registration step is needed: without it, resume's weights_only load refuses the class."""
+    torch.save({"args": UnregisteredConfig(num_agents=2)}, tmp_path / "c.ckpt")
+    with pytest.raises(Exception, match="weights_only|Unsupported global"):
+        torch.load(tmp_path / "c.ckpt", weights_only=True)

@@ -34,7 +34,7 @@ from comlrl_lightning.config.marlhf import (
     MARLHFIterConfig,
 )
 from comlrl_lightning.config.reference_kl import check_reference_devices
-from comlrl_lightning.config.representers import register_yaml_representers
+from comlrl_lightning.config.representers import register_config_classes, register_yaml_representers
 from comlrl_lightning.config.reward_model import RewardModelOptions
 from comlrl_lightning.config.sampling import JOINT_MODE_ALIASES, check_sampling
 from comlrl_lightning.config.secrets import SECRET_HEADER_WORDS, redact_secrets
@@ -80,6 +80,7 @@ __all__ = [
     "is_number",
     "normalize_parallel_training",
     "redact_secrets",
+    "register_config_classes",
     "register_yaml_representers",
 ]
 

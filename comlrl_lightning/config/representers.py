@@ -18,3 +18,14 @@ def register_yaml_representers(*classes: type) -> None:
     for cls in classes:
         for dumper in (yaml.Dumper, yaml.SafeDumper):
             yaml.add_representer(cls, _represent_config, Dumper=dumper)
+
+
+def register_config_classes(*classes: type) -> None:
+    """Register config dataclasses of your own (a backend with its own config, docs/architecture.md): each dumps as a
+    plain YAML mapping in ``hparams.yaml`` and may be unpickled by ``torch.load(weights_only=True)``, which Lightning
+    uses when it resumes a checkpoint that holds the module's ``args``. The shipped configs
+    (``comlrl_lightning.config.CONFIG_CLASSES``) get the same two registrations from the package."""
+    import torch
+
+    register_yaml_representers(*classes)
+    torch.serialization.add_safe_globals(list(classes))
