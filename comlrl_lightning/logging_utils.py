@@ -1,5 +1,12 @@
-"""Logging beside ``self.log``: from hooks where Lightning does not allow it (e.g. ``on_train_end``), and training
-metrics written only on the steps that pass a gate (``logging_steps``)."""
+"""Logging beside ``self.log``, and training metrics written only on the steps that pass a gate (``logging_steps``).
+
+:class:`StepMetrics` is the Lightning-native path: a module's training metrics go through ``self.log`` and appear
+only on the gated steps (MADPO). :func:`log_metrics` writes to the loggers directly, for two cases ``self.log``
+cannot express: hooks where Lightning refuses ``self.log`` (``on_fit_start``, ``on_train_end``, the round callbacks,
+the drains at ``on_train_epoch_end``), and rows that must stay separate at one step: the MAGRPO family and IAC/MAAC
+write one entry per (agent, turn group) per drain (docs/multiturn.md §10.1), several at the same step with the
+same keys (``train/loss``, ``env_step``), which ``self.log`` would merge into one value. Those rows use the x axis
+of ``self.log`` (:func:`logged_step`), so both kinds line up in one ``metrics.csv``."""
 
 from __future__ import annotations
 
