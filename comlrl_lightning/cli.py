@@ -150,6 +150,47 @@ def args_overrides_merged(argv: list[str]) -> list[str]:
     return out
 
 
+def args_type_error(config, failure: str) -> Exception | None:
+    """The error the module's own type of ``args`` raises on the parsed ``model.init_args.args``, or None (also
+    when ``failure``, the message of the failed build, names none of the types of ``args``).
+
+    When building ``args`` fails, jsonargparse tries every type of the union (``MADPOConfig | MADPOIterConfig``)
+    and reports the first type's error, e.g. "MADPOConfig has no option 'num_iterations'" for an iterative config
+    whose ``max_new_tokens`` is 0. The type meant is the one named by ``class_path``, else the smallest type that
+    has every field parsed; its own error ("max_new_tokens must be >= 1. Got 0. ...") is the one to show."""
+    import dataclasses
+    import importlib
+    import typing
+
+    def imported(path: str):
+        module, _, name = str(path).rpartition(".")
+        return getattr(importlib.import_module(module), name)
+
+    try:
+        model = config.get("model") or {}
+        args = (model.get("init_args") or {}).get("args")
+        if args is None or not hasattr(args, "get"):
+            return None
+        if args.get("class_path"):
+            types, values = [imported(args["class_path"])], args.get("init_args") or {}
+        else:
+            hint = typing.get_type_hints(imported(model["class_path"]).__init__).get("args")
+            types, values = [t for t in typing.get_args(hint) if dataclasses.is_dataclass(t)], args
+        values = values.as_dict() if hasattr(values, "as_dict") else dict(values)
+        if not any(t.__name__ in failure for t in types):  # the build failed elsewhere
+            return None
+        for cls in sorted(types, key=lambda t: len(dataclasses.fields(t))):
+            if set(values) <= {f.name for f in dataclasses.fields(cls) if f.init}:
+                try:
+                    cls(**values)
+                except (ValueError, TypeError) as exc:
+                    return exc
+                return None
+    except Exception:  # noqa: BLE001 - an explanation only: the original error stands
+        return None
+    return None
+
+
 #: exit status of ``fit`` stopped by SIGTERM (128 + 15, as a shell reports a process killed by it)
 EXIT_SIGTERM = 143
 #: exit status of a ``fit`` that finished without one optimizer step
@@ -258,7 +299,15 @@ def _make_cli_class(want_help: bool = False):
 
             hidden = self.secrets | secret_values(self.config)
             sys.argv[1:] = redact_argv(sys.argv[1:], hidden)
-            super().instantiate_classes()
+            try:
+                super().instantiate_classes()
+                return
+            except (ValueError, TypeError) as exc:
+                failed = exc
+            # outside the handler, so that the union's report (its first type's error) is not the context
+            config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+            meant = args_type_error(config, str(failed))
+            raise meant if meant is not None else failed
 
         def _instantiate_trainer(self, config: dict, callbacks: list) -> L.Trainer:
             from comlrl_lightning.callbacks.progress import with_progress_bar

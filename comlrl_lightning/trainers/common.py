@@ -129,7 +129,9 @@ def check_args_kept(config: Any) -> None:
             continue
         args = ((((doc or {}).get("model") or {}).get("init_args") or {}).get("args") or {}) \
             if isinstance(doc, dict) else {}
-        if not isinstance(args, dict) or "class_path" in args:  # the type is named: nothing is re-guessed
+        if isinstance(args, dict) and "class_path" in args:  # the type named: its fields are under init_args
+            args = args.get("init_args") or {}
+        if not isinstance(args, dict):
             continue
         for key in args:
             if key not in kept:
@@ -138,6 +140,6 @@ def check_args_kept(config: Any) -> None:
         names = ", ".join(sorted(lost))
         warnings.warn(
             f"model.init_args.args lost {names} (set in {sorted(set(lost.values()))[0]}): a command-line override "
-            "of one field made the parser re-read the config as another type, which resets them to their defaults. "
+            "made the parser re-read the config as another type, which resets them to their defaults. "
             "Give the change in a second config file instead, e.g. --config override.yaml holding model: "
             "{init_args: {args: {max_new_tokens: 4}}}: files are merged field by field.", UserWarning, stacklevel=2)

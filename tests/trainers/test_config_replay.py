@@ -45,6 +45,12 @@ def _config(name: str) -> dict:
     return yaml.safe_load((ROOT / "configs" / name).read_text())
 
 
+def _args(config: dict) -> dict:
+    """``model.init_args.args`` of ``config`` (its ``init_args`` when given with ``class_path``)."""
+    args = (config.get("model") or {}).get("init_args", {}).get("args") or {}
+    return args.get("init_args") or {} if "class_path" in args else args
+
+
 def _agent_model(name: str) -> str:
     return str(_config(name)["model"]["init_args"].get("agent_model", "embedded:tiny"))
 
@@ -69,7 +75,7 @@ def test_every_config_is_replayed_somewhere():
 
 
 @pytest.mark.parametrize("name", _code(sorted(set(TINY) - ELSEWHERE)))
-def test_saved_config_reproduces_the_run(name, tmp_path, monkeypatch):
+def test_saved_config_reproduces_the_run(name, tmp_path, monkeypatch, recwarn):
     from comlrl_lightning.cli import main
 
     if "expert" in name:  # the expert is an OpenAI-compatible server: a loopback fake, its key from the environment
@@ -85,6 +91,12 @@ def test_saved_config_reproduces_the_run(name, tmp_path, monkeypatch):
         runs.append(tmp_path / folder / save_dir / "lightning_logs" / "version_0")
     saved = (runs[0] / "config.yaml").read_text()
     assert "Unable to serialize" not in saved and "sk-replay-test" not in saved
+    # the command-line overrides changed their fields only: every other field of the YAML's args ran as written
+    given, ran = (_args(yaml.safe_load(text)) for text in ((ROOT / "configs" / name).read_text(), saved))
+    overridden = {o.split("=")[0].rsplit(".", 1)[-1] for o in _overrides(name)}
+    assert {k: ran.get(k) for k in given if k not in overridden} == {k: v for k, v in given.items()
+                                                                       if k not in overridden}
+    assert not [str(w.message) for w in recwarn if str(w.message).startswith("model.init_args.args lost")]
     first, again = _rows(runs[0]), _rows(runs[1])
     assert first and again == first
     if "expert" in name:
