@@ -92,6 +92,13 @@ def _assert_equal_runs(family, where, full, full_log, resumed, log):
     assert resumed.trainer.global_step == full.trainer.global_step, where
     assert resumed.module.env_step == full.module.env_step, where
     assert resumed.module.updates_seen == full.module.updates_seen, where
+    full_rounds = Path(full.trainer.default_root_dir) / "preference_replay"
+    if full_rounds.is_dir():  # the round files (pairs, replay index) too
+        ours = Path(resumed.trainer.default_root_dir) / "preference_replay"
+        names = sorted(p.name for p in full_rounds.iterdir() if p.is_file())
+        assert names and names == sorted(p.name for p in ours.iterdir() if p.is_file()), where
+        for name in names:
+            assert (ours / name).read_bytes() == (full_rounds / name).read_bytes(), f"{where}: round file {name} differs"
     rows = _after_refit(log.rows, full_log.rows, where)
     tail = full_log.rows[len(full_log.rows) - len(rows):]
     assert rows and _without_fits(rows) == _without_fits(tail), f"{where}: resumed rows {rows[:3]} != {tail[:3]}"
