@@ -93,7 +93,8 @@ class TeamModule(Protocol):
     items or pairs trained so far; ``updates_in_batch(batch)`` says by how much a training batch advances it), the
     sampling settings of training, ``save_agents(output_dir)`` (one
     ``agent_{i}/`` folder per agent), :meth:`evaluate` (task-reward
-    evaluation on given items; multi-turn modules roll out every turn) and :meth:`use_train_oracle` (the
+    evaluation on given items; multi-turn modules roll out every turn), :meth:`use_evaluation_settings` (the seed
+    and samples per item of the evaluation that runs during fit and validate) and :meth:`use_train_oracle` (the
     reward that scores training rollouts; None = the data module's task reward).
     """
 
@@ -105,6 +106,7 @@ class TeamModule(Protocol):
     def updates_in_batch(self, batch: Any) -> int: ...
     def save_agents(self, output_dir: str) -> list[str]: ...
     def evaluate(self, items: Sequence[dict], task: TaskSource, seed: int, samples_per_item: int = 1) -> dict: ...
+    def use_evaluation_settings(self, seed: int = 12345, samples_per_item: int = 1) -> None: ...
     def use_train_oracle(self, oracle: Oracle | None) -> None: ...
 
 
