@@ -19,6 +19,10 @@ Discoverability: our modules, data modules and callbacks are imported before the
 docstring line of every config field. A config value error (a ``ValueError`` raised by our code while the CLI
 builds the objects) is printed as its own sentence, first and last, instead of jsonargparse's nested report.
 
+Overrides: ``--model.init_args.args.max_new_tokens=4`` changes that field of the config's ``args`` only, for the
+iterative configs too (:func:`args_overrides_merged`); a bad value names the error of the ``args`` type meant
+(:func:`args_type_error`).
+
 Secrets (docs/preference.md §6): the secret values of the command line and of the config files it names are
 collected before parsing (:func:`~comlrl_lightning.config.secrets.secrets_in_argv`); parse and value errors are
 printed without them, and once the config is parsed, ``sys.argv`` (which W&B records as the run's arguments) holds
@@ -140,7 +144,8 @@ def args_overrides_merged(argv: list[str]) -> list[str]:
     while i < len(argv):
         arg = argv[i]
         match = re.fullmatch(_ARGS_FIELD, arg) if isinstance(arg, str) else None
-        if match is None or match.group(1) == "help" or (match.group(2) is None and i + 1 >= len(argv)):
+        no_value = match is not None and match.group(2) is None and (i + 1 >= len(argv) or argv[i + 1][:2] == "--")
+        if match is None or match.group(1) == "help" or no_value:  # left for the parser (or its error)
             out.append(arg)
             i += 1
             continue

@@ -33,7 +33,8 @@ def test_one_field_overrides_become_mappings_in_place():
             "--model.args", "{a: 1}", "--model.init_args.args", '{"temperature": "0.5"}',
             "--model.init_args.args", '{"comparator_api_key": "k=v"}', "--seed_everything=1"]
     kept = ["--model.init_args.args.vllm_kwargs.x=1", "--model.args.help", "MADPOConfig",
-            "--model.init_args.agent_model=x", "--data.init_args.args.seed=1", "--model.init_args.args.seed"]
+            "--model.init_args.agent_model=x", "--data.init_args.args.seed=1", "--model.args.seed", "--print_config",
+            "--model.init_args.args.seed"]
     assert args_overrides_merged(kept) == kept  # deeper keys, help, other options, a value missing: as given
 
 
