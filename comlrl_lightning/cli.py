@@ -34,13 +34,7 @@ from __future__ import annotations
 import sys
 
 #: the modules whose classes the CLI lists (imported before the parser is built)
-CLI_MODULES = (
-    "comlrl_lightning.modules.madpo", "comlrl_lightning.modules.magrpo", "comlrl_lightning.modules.actor_critic",
-    "comlrl_lightning.modules.marlhf", "comlrl_lightning.modules.reward_model",
-    "comlrl_lightning.data.madpo", "comlrl_lightning.data.madpo", "comlrl_lightning.data.marlhf",
-    "comlrl_lightning.data.task", "comlrl_lightning.data.reward_model", "comlrl_lightning.callbacks",
-    "comlrl_lightning.modules.centralized_magrpo", "comlrl_lightning.data.centralized",
-)
+CLI_MODULES = ("comlrl_lightning.modules", "comlrl_lightning.data", "comlrl_lightning.callbacks")
 
 _SUBCOMMANDS = {
     "fit": "train a team (or a reward model) from a config: fit --config configs/madpo/tiny.yaml",
