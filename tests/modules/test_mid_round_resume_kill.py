@@ -78,14 +78,28 @@ def _newest(saves, kill_at: int):
     return before[-1] if before else None
 
 
+class CountSteps(L.Callback):
+    def __init__(self):
+        self.steps = 0
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.steps += 1
+
+
 def _resumed(family, model_dir, root):
-    return build(family, model_dir, enable_checkpointing=True, default_root_dir=str(root),
-                 callbacks=[ModelCheckpoint(dirpath=str(root / "ckpt"), filename="{step}", every_n_train_steps=1,
-                                            save_top_k=-1)])
+    """The rerun in the killed run's folder (the script's trainer, no kill); ``trainer.steps_taken`` counts the
+    optimizer steps it takes (those after the checkpoint only, or it did not resume)."""
+    counter = CountSteps()
+    t, log = build(family, model_dir, enable_checkpointing=True, default_root_dir=str(root), callbacks=[
+        ModelCheckpoint(dirpath=str(root / "ckpt"), filename="{step}", every_n_train_steps=1, save_top_k=-1), counter])
+    t.steps_taken = counter
+    return t, log
 
 
-def _assert_equal_runs(family, where, full, full_log, resumed, log):
+def _assert_equal_runs(family, where, full, full_log, resumed, log, checkpoint: Path):
     print(where)
+    taken = full.trainer.global_step - torch.load(checkpoint, weights_only=False)["global_step"]
+    assert resumed.steps_taken.steps == taken > 0, f"{where}: {resumed.steps_taken.steps} steps taken, not {taken}"
     final = resumed.module.state_dict()
     for name, value in full.module.state_dict().items():
         assert torch.equal(final[name], value), f"{where}: {name} differs by {(final[name] - value).abs().max()}"
@@ -167,7 +181,7 @@ def test_kill_inside_a_round_then_resume_from_the_newest_checkpoint_equals_the_u
     resumed.train(ckpt_path=str(newest))
     where = f"{family}: killed before optimizer step {at} of {full.trainer.global_step}, resumed from {newest.name} " \
             f"({state})"
-    _assert_equal_runs(family, where, full, full_log, resumed, log)
+    _assert_equal_runs(family, where, full, full_log, resumed, log, newest)
 
 
 @pytest.mark.parametrize("family", ["madpo-iter", "marlhf-iter"])
@@ -189,4 +203,4 @@ def test_kill_at_a_rounds_first_step_refuses_the_newest_checkpoint_and_the_one_b
     resumed.train(ckpt_path=str(earlier))
     where = f"{family}: killed before optimizer step {last_step + 1}, {checkpoints[0].name} refused, resumed from " \
             f"{earlier.name} ({loader_state(earlier)})"
-    _assert_equal_runs(family, where, full, full_log, resumed, log)
+    _assert_equal_runs(family, where, full, full_log, resumed, log, earlier)
