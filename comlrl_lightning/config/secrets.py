@@ -22,7 +22,10 @@ command line without them (:func:`redact_argv`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 from comlrl_lightning.comparators.api_transport import (
@@ -35,8 +38,8 @@ from comlrl_lightning.comparators.api_transport import (
     url_secrets,
 )
 
-__all__ = ["REDACTED", "SAFE_BODY_FIELDS", "SAFE_HEADERS", "redact_argv", "redact_body", "redact_headers",
-           "redact_secrets", "redact_text", "redact_url", "scrub", "secret_values", "secrets_in_argv"]
+__all__ = ["REDACTED", "SAFE_BODY_FIELDS", "SAFE_HEADERS", "argv_without", "redact_argv", "redact_body",
+           "redact_headers", "redact_secrets", "redact_text", "redact_url", "scrub", "secret_values", "secrets_in_argv"]
 
 SECRET_HEADER_WORDS = ("auth", "key", "token", "secret", "cookie")
 _KEY_NAMES = ("comparator_api_key", "api_key", "key")
@@ -201,3 +204,15 @@ def redact_argv(args: list[str], secrets: set[str] | None = None) -> list[str]:
     """``args`` with every secret (``secrets``, else :func:`secrets_in_argv`) scrubbed from every argument."""
     secrets = secrets_in_argv(args) if secrets is None else secrets
     return [scrub(a, secrets) for a in args]
+
+
+@contextlib.contextmanager
+def argv_without(secrets: set[str]) -> Iterator[None]:
+    """Inside the block, ``sys.argv`` holds no secret of ``secrets`` nor of :func:`secrets_in_argv` (W&B records
+    ``sys.argv`` as the run's arguments when the run starts); the caller's ``sys.argv`` is restored after."""
+    saved = list(sys.argv)
+    sys.argv[1:] = redact_argv(sys.argv[1:], set(secrets) | secrets_in_argv(sys.argv[1:]))
+    try:
+        yield
+    finally:
+        sys.argv[:] = saved

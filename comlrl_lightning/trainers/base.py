@@ -7,12 +7,14 @@ first and :meth:`TeamTrainer._init_trainer` last.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import lightning as L
 
+from comlrl_lightning.config.secrets import argv_without, secret_values
 from comlrl_lightning.trainers.common import check_facade_inputs, sync_num_agents, trainer_kwargs_for
 
 _FIT_KEYWORDS = ("weights_only",)
@@ -150,7 +152,9 @@ class TeamTrainer:
         fit_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in _FIT_KEYWORDS}
         if kwargs:
             self.module.generation_kwargs = dict(kwargs)
-        self.trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt_path, **fit_kwargs)
+        # W&B records sys.argv when its run starts: a key the script took on its command line stays out of it
+        with argv_without(secret_values(dataclasses.asdict(self.args))):
+            self.trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt_path, **fit_kwargs)
         return {k: float(v) for k, v in self.trainer.callback_metrics.items()}
 
     def save_model(self, output_dir: str) -> list[str]:

@@ -214,3 +214,38 @@ def test_cli_parse_and_value_errors_print_no_key(tiny_model_dir, tmp_path, serve
     # the error is about the bad value (the key-bearing option itself, or num_agents next to a good key)
     assert "error:" in err and ("num_agents" if "api_key" in bad else "comparator_api") in err, err[-3000:]
     assert not [f for f in _key_forms() if f in out + err], err[-3000:]
+
+
+def test_facade_wandb_run_records_no_key_from_the_scripts_command_line(tiny_model_dir, tmp_path, server, capfd,
+                                                                       monkeypatch):
+    """A Python script that takes the key on its own command line and logs to W&B through ``wandb_config``: the
+    run's recorded arguments hold the key redacted, and the script's ``sys.argv`` is restored after ``train``."""
+    import wandb
+
+    from comlrl_lightning import MADPOIterTrainer
+    from comlrl_lightning.config import MADPOIterConfig
+
+    argv = ["train_team.py", f"--comparator-api-key={KEY}", "--note", KEY]
+    monkeypatch.setattr(sys, "argv", list(argv))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    root = tmp_path / "run"
+    args = MADPOIterConfig(num_agents=2, num_iterations=1, num_train_epochs=1, preference_num_candidates=2,
+                           preference_pairs_per_sample=1, max_new_tokens=4, eval_interval=0, **_api_options(server))
+    tr = MADPOIterTrainer(agent_model=str(tiny_model_dir), train_dataset=task_items(2), reward_func=cooperative_reward,
+                          formatters=FORMATTERS, args=args, wandb_config={"project": "secret-scan", "dir": str(root)},
+                          trainer_kwargs={k: v for k, v in cpu_trainer_kwargs(default_root_dir=str(root)).items()
+                                          if k != "logger"})
+    try:
+        tr.train()
+    finally:
+        wandb.finish()
+        wandb.teardown()  # joins W&B's service process: every record is on disk
+    assert sys.argv == argv  # restored for the script
+    assert server.requests  # the comparator did use the key
+    runs = list(root.rglob("*.wandb"))
+    assert len(runs) == 1, sorted(p.name for p in root.rglob("*"))
+    assert b"--note" in runs[0].read_bytes()  # the recorded arguments are there, redacted
+    out, err = capfd.readouterr()
+    assert not [f for f in _key_forms() if f in out + err], (out[-2000:], err[-2000:])
+    scanned, hits = _scan(root)
+    assert not hits and scanned >= 3, (scanned, hits)
