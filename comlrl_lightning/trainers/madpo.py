@@ -34,6 +34,12 @@ from comlrl_lightning.trainers.base import TeamTrainer
 
 __all__ = ["MADPOIterTrainer", "MADPOTrainer", "round_callbacks"]
 
+#: sampled joint responses per eval item in the facades' evaluation: the shipped configs'
+#: (``TaskRewardEvaluation.samples_per_item`` in configs/madpo/tiny.yaml and configs/madpo/iterative_tiny.yaml),
+#: so that a facade and the YAML path report the same eval metrics
+EVAL_SAMPLES_PER_ITEM = 8
+ITER_EVAL_SAMPLES_PER_ITEM = 4
+
 
 class MADPOTrainer(TeamTrainer):
     """Offline MADPO: collect pairs once with the task reward, then ``num_train_epochs`` DPO epochs.
@@ -45,7 +51,9 @@ class MADPOTrainer(TeamTrainer):
     unused, with a warning: preference trainers are single-turn), ``eval_logger`` and ``eval_aggregator``
     (custom evaluation metrics, logged as ``eval/<key>``). With ``args.collaboration_mode="centralized"`` one
     learner writes every role (``args.num_agents`` roles) in one joint text through ``centralized_comparator_adapter``
-    (default: CoMLRL's tagged ``<agent_i>`` format); ``agents`` then holds at most one model.
+    (default: CoMLRL's tagged ``<agent_i>`` format); ``agents`` then holds at most one model. The evaluation
+    samples ``EVAL_SAMPLES_PER_ITEM`` (8) joint responses per eval item, as configs/madpo/tiny.yaml
+    (``trainer.evaluation.samples_per_item`` changes it).
     """
 
     config_cls = MADPOConfig
@@ -88,6 +96,7 @@ class MADPOTrainer(TeamTrainer):
         )
         self.collection = PreferenceCollection()
         self.evaluation = self._evaluation(bool(self.datamodule.eval_items), eval_logger, eval_aggregator)
+        self.evaluation.samples_per_item = EVAL_SAMPLES_PER_ITEM
         self._init_trainer(self.args.num_train_epochs, [self.collection, self.evaluation, *callbacks], wandb_config,
                            trainer_kwargs)
 
@@ -113,7 +122,8 @@ class MADPOIterTrainer(TeamTrainer):
     ``centralized_comparator_adapter`` (an object with ``build_prompt`` and ``parse_completion``) replaces the
     tagged format of ``comparator_generation_mode='centralized'``. With ``args.collaboration_mode="centralized"``
     one learner writes every role in one joint text (as :class:`~comlrl_lightning.trainers.madpo.MADPOTrainer`)
-    and its comparator samples the same joint prompt, its completions kept as unparsed joint texts.
+    and its comparator samples the same joint prompt, its completions kept as unparsed joint texts. The evaluation
+    samples ``ITER_EVAL_SAMPLES_PER_ITEM`` (4) joint responses per eval item, as configs/madpo/iterative_tiny.yaml.
     """
 
     config_cls = MADPOIterConfig
@@ -161,8 +171,11 @@ class MADPOIterTrainer(TeamTrainer):
             seed=self.args.seed, comparator=self.comparator, score_last_token=centralized,
         )
         self.round_callbacks = round_callbacks(learner_args)
-        extra = ([self._evaluation(bool(self.datamodule.eval_items), eval_logger, eval_aggregator)]
-                 if evaluation else [])
+        self.evaluation = (self._evaluation(bool(self.datamodule.eval_items), eval_logger, eval_aggregator)
+                           if evaluation else None)
+        if self.evaluation is not None:
+            self.evaluation.samples_per_item = ITER_EVAL_SAMPLES_PER_ITEM
+        extra = [self.evaluation] if self.evaluation is not None else []
         self._init_trainer(self.args.num_iterations * self.args.num_train_epochs,
                            [*self.round_callbacks, *extra, *callbacks], wandb_config, trainer_kwargs,
                            reload_dataloaders_every_n_epochs=1)

@@ -38,6 +38,11 @@ from comlrl_lightning.config import MARLHFConfig, MARLHFIterConfig
 from comlrl_lightning.modules.marlhf import build_marlhf_module, default_reward_source
 from comlrl_lightning.trainers.base import TeamTrainer
 
+#: sampled joint responses per eval item in the facades' evaluation: the shipped configs'
+#: (``TaskRewardEvaluation.samples_per_item`` in configs/marlhf/tiny.yaml and configs/marlhf/iterative_tiny.yaml),
+#: so that a facade and the YAML path report the same eval metrics
+EVAL_SAMPLES_PER_ITEM = 4
+
 
 def _check_reward_source(agent_model: Any, agents: Any, args: MARLHFConfig, reward_model: Any) -> None:
     if reward_model is None and args.reward_model_name is None and default_reward_source(agent_model, agents) is None:
@@ -114,6 +119,8 @@ class MARLHFTrainer(TeamTrainer):
         self.round_callbacks = self._round_callbacks(reward_model, reward_val_fraction)
         self.evaluation = (self._evaluation(bool(self.datamodule.eval_items), eval_logger, eval_aggregator)
                            if evaluation else None)
+        if self.evaluation is not None:
+            self.evaluation.samples_per_item = EVAL_SAMPLES_PER_ITEM
         extra = [self.evaluation] if self.evaluation is not None and self.datamodule.eval_items else []
         self._init_trainer(self._max_epochs(), [*self.round_callbacks, *extra, *callbacks], wandb_config,
                            trainer_kwargs, **self._forced_trainer_kwargs())
