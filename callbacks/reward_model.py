@@ -31,6 +31,8 @@ and ``reward_model/fits``.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
@@ -110,6 +112,16 @@ class _RewardModelFitting(L.Callback):
         self.history: list[dict] = []
         self.current: Any = None  # the fitted JointRewardModel in use
         self.clip_max: float | None = None  # the current model's RL-reward bound (reward_clip_quantile)
+
+    @contextlib.contextmanager
+    def _refit_uncounted(self) -> Iterator[None]:
+        """A refit at resume rebuilds the model the checkpoint did not hold: it is not a new fit, so ``fits`` and
+        ``history`` stay as the original run left them."""
+        fits, history = self.fits, list(self.history)
+        try:
+            yield
+        finally:
+            self.fits, self.history = fits, history
 
     def _setup(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         check_protocol(pl_module, TeamModule, type(self).__name__, "module", "MARLHFModule or MARLHFActorCriticModule")
@@ -254,7 +266,8 @@ class LearnedRewardFit(_RewardModelFitting):
         if self._restored_pairs is not None:  # resumed: refit on the pairs collected by the original run
             pairs, self._restored_pairs = self._restored_pairs, None
             stats = CollectionStats(num_pairs=len(pairs))
-            self._use_pairs(trainer, pl_module, pairs, stats, seed)
+            with self._refit_uncounted():
+                self._use_pairs(trainer, pl_module, pairs, stats, seed)
             return
         dm = trainer.datamodule
         # split across ranks and gathered (docs/scaling.md): every rank fits the same reward model on the same pairs
@@ -339,7 +352,8 @@ class IterativeRewardModelFit(_RewardModelFitting):
         elif self.current is None:
             # Resumed at a round boundary: the reward model is not in the checkpoint; refit the current
             # round's model on its training pairs (restored with the data module's state).
-            self._round(trainer, pl_module, self.next_round - 1)
+            with self._refit_uncounted():
+                self._round(trainer, pl_module, self.next_round - 1)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         nxt = next_round_at_epoch_end(trainer, pl_module)

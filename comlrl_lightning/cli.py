@@ -310,7 +310,11 @@ def _make_cli_class(want_help: bool = False):
 
         def _instantiate_trainer(self, config: dict, callbacks: list) -> L.Trainer:
             from comlrl_lightning.callbacks.progress import with_progress_bar
+            from comlrl_lightning.checkpoint_io import with_atomic_checkpoint_io
 
+            # checkpoints are written to a temporary file and renamed over the target (docs/guide.md §1.1)
+            config["plugins"] = with_atomic_checkpoint_io(config.get("plugins"), config.get("strategy"),
+                                                          config.get("accelerator"))
             given = config.get("callbacks") or []
             given = [*(given if isinstance(given, list) else [given]), *callbacks]
             added = with_progress_bar(given, config.get("enable_progress_bar", True))[len(given):]
