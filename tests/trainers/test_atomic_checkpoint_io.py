@@ -141,3 +141,28 @@ def test_a_facade_fit_writes_its_checkpoints_through_the_plugin(tiny_model_dir, 
     written = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert written and sorted(set(saved)) == written, (saved, written)
     assert isinstance(facade(plugins=[TorchCheckpointIO()]).trainer.strategy.checkpoint_io, TorchCheckpointIO)
+
+
+def _cli_trainer(overrides: list[str]):
+    """The trainer the CLI builds for configs/madpo/tiny.yaml with ``overrides`` (no fit)."""
+    import importlib
+
+    from comlrl_lightning.cli import CLI_MODULES, _make_cli_class
+
+    for module in CLI_MODULES:
+        importlib.import_module(module)
+    cli_cls, L = _make_cli_class(want_help=False)
+    cli_cls.secrets = cli_cls.parser_cls.secrets = set()
+    config = Path(__file__).resolve().parents[2] / "configs" / "madpo" / "tiny.yaml"
+    cli = cli_cls(L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                  auto_configure_optimizers=False, parser_class=cli_cls.parser_cls, save_config_callback=None,
+                  run=False, args=["--config", str(config), "--trainer.accelerator=cpu", *overrides])
+    return cli.trainer
+
+
+def test_the_cli_writes_checkpoints_through_the_plugin_unless_the_config_names_one(tmp_path):
+    trainer = _cli_trainer([f"--trainer.default_root_dir={tmp_path}"])
+    assert type(trainer.strategy.checkpoint_io) is checkpoint_io.AtomicCheckpointIO
+    trainer = _cli_trainer([f"--trainer.default_root_dir={tmp_path}",
+                            "--trainer.plugins=lightning.pytorch.plugins.io.TorchCheckpointIO"])
+    assert type(trainer.strategy.checkpoint_io) is TorchCheckpointIO
