@@ -5,13 +5,14 @@ checkpoint). The facades use it by default (docs/guide.md §1.1)."""
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from fsspec.utils import get_protocol
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from comlrl_lightning.files import write_atomic
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -35,30 +36,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         local = os.fspath(path)
         target = Path(local[len("file://"):] if local.startswith("file://") else local).expanduser()
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        _fsync_folder(target.parent)  # the rename itself survives a power loss
-
-
-def _fsync_folder(folder: Path) -> None:
-    try:  # POSIX; a folder cannot be opened on Windows
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        write_atomic(target, lambda f: torch.save(checkpoint, f))
 
 
 def with_atomic_checkpoint_io(plugins: Any = None, strategy: Any = None, accelerator: Any = None) -> Any:

@@ -9,39 +9,37 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` so that a crash never leaves a half-written file.
+def write_atomic(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
+    """Write ``path`` through ``write(file)`` so that a crash never leaves a half-written file.
 
-    The text goes to a temp file in the same directory, is fsynced, renamed over ``path``
-    (``os.replace``), and the directory is fsynced so that the rename itself is durable (POSIX; skipped
-    where a directory cannot be opened, e.g. Windows).
+    ``write`` fills a temp file in the same directory (``.<name>.<random>.tmp``); it is flushed, fsynced and
+    renamed over ``path`` (``os.replace``), and the directory is fsynced so that the rename itself is durable
+    (POSIX; skipped where a directory cannot be opened, e.g. Windows). A ``write`` that raises leaves ``path`` as it
+    was and removes the temp file (a killed process cannot: the hidden temp file stays).
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return path
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    fsync_dir(path.parent)
     return path
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` with :func:`write_atomic`."""
+    return write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def json_digest(value: Any) -> str:
@@ -96,7 +94,7 @@ def replace_dir(new: str | os.PathLike[str], target: str | os.PathLike[str]) -> 
         os.rename(target, old)
         os.rename(new, target)
         shutil.rmtree(old)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     return target
 
 
@@ -131,7 +129,8 @@ def _exchange(a: Path, b: Path) -> bool:
     return fn(at_fdcwd, os.fsencode(str(a)), at_fdcwd, os.fsencode(str(b)), rename_exchange) == 0
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """fsync a directory (its entries' renames become durable); a no-op where a directory cannot be opened."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
