@@ -339,11 +339,12 @@ def test_evaluation_scores_with_the_task_reward_not_the_learned_one(tiny_model_d
     settings = tr.module.sampling_settings()
     # Recompute the final evaluation: same seeded streams, same (final) policies, task reward.
     bs = tr.module.args.eval_batch_size  # items generated together, as the evaluation did
-    task = evaluate_team(tr.team, eval_items[:3], dm.formatters, dm.oracle, settings, 12345, 1,
+    samples = tr.evaluation.samples_per_item  # the facade's, as its shipped config's
+    task = evaluate_team(tr.team, eval_items[:3], dm.formatters, dm.oracle, settings, 12345, samples,
                          batch_size=bs)["eval/reward_mean"]
     assert metrics["eval/reward_mean"] == pytest.approx(task, abs=1e-6)
     learned = evaluate_team(tr.team, eval_items[:3], dm.formatters, tr.module.train_oracle, settings, 12345,
-                            1, batch_size=bs)["eval/reward_mean"]
+                            samples, batch_size=bs)["eval/reward_mean"]
     assert learned < 0 <= task and metrics["eval/reward_mean"] != pytest.approx(learned)
     assert metrics["turn_1/reward_mean"] < 0  # training saw the stub's rewards
 
