@@ -25,14 +25,15 @@ SCRIPT = Path(__file__).resolve().parent / "mid_epoch_kill_script.py"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _killed_run(family: str, model_dir: str, root: Path, kill_at: int):
+def killed_run(family: str, model_dir: str, root: Path, kill_at: int, script: Path = SCRIPT):
+    """Run ``script`` (a fit that kills itself with SIGKILL before optimizer step ``kill_at``) in a subprocess."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
            "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, str(SCRIPT), family, model_dir, str(root), str(kill_at)]
+    cmd = [sys.executable, str(script), family, model_dir, str(root), str(kill_at)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=root)
 
 
-def _step(path: Path) -> int:
+def checkpoint_step(path: Path) -> int:
     return int(re.search(r"step=(\d+)", path.name).group(1))
 
 
@@ -45,10 +46,10 @@ def test_kill_at_a_random_step_then_resume_from_the_newest_checkpoint_equals_the
     at = random.Random(f"kill -9 {family}").randint(2, steps)  # die just before the at-th optimizer step
     root = tmp_path / "run"
     root.mkdir()
-    killed = _killed_run(family, tiny_model_dir, root, at)
+    killed = killed_run(family, tiny_model_dir, root, at)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert not (root / "final.pt").exists()
-    checkpoints = sorted((root / "ckpt").glob("*.ckpt"), key=_step)
+    checkpoints = sorted((root / "ckpt").glob("*.ckpt"), key=checkpoint_step)
     newest = checkpoints[-1] if checkpoints else None
     # the rerun, in this process (the killed one's state is on disk): the script's trainer, same folder, no kill
     resumed, _ = build(family, tiny_model_dir, enable_checkpointing=True, default_root_dir=str(root),

@@ -11,12 +11,8 @@ before its end (where the next round is collected): the rounds families refuse i
 
 from __future__ import annotations
 
-import os
 import random
-import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning as L
@@ -24,6 +20,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from test_mid_epoch_resume import COMMON, FAMILIES, build, loader_state
+from test_mid_epoch_resume_kill import checkpoint_step, killed_run
 
 from comlrl_lightning.config.marlhf import MARLHFConfig, MARLHFIterConfig
 from comlrl_lightning.trainers.marlhf import MARLHFIterTrainer, MARLHFTrainer
@@ -44,17 +41,6 @@ ROUNDS = ["madpo-iter", "marlhf", "marlhf-iter"]
 def _families(monkeypatch):
     monkeypatch.setitem(FAMILIES, "marlhf", EXTRA_FAMILIES["marlhf"])
     monkeypatch.setitem(FAMILIES, "marlhf-iter", EXTRA_FAMILIES["marlhf-iter"])
-
-
-def _killed_run(family: str, model_dir: str, root: Path, kill_at: int):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-           "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, str(SCRIPT), family, model_dir, str(root), str(kill_at)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=root)
-
-
-def _step(path: Path) -> int:
-    return int(re.search(r"step=(\d+)", path.name).group(1))
 
 
 class StepsOfBatches(L.Callback):
@@ -151,10 +137,10 @@ def _uninterrupted(family: str, model_dir: str, tmp_path_factory) -> tuple:
 def _kill(family: str, model_dir: str, root: Path, at: int) -> list[Path]:
     """Run the family in ``root`` until SIGKILL before optimizer step ``at``; its checkpoints, newest first."""
     root.mkdir()
-    killed = _killed_run(family, model_dir, root, at)
+    killed = killed_run(family, model_dir, root, at, script=SCRIPT)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert not (root / "final.pt").exists()
-    return sorted((root / "ckpt").glob("*.ckpt"), key=_step, reverse=True)
+    return sorted((root / "ckpt").glob("*.ckpt"), key=checkpoint_step, reverse=True)
 
 
 @pytest.mark.parametrize("family", ROUNDS)
@@ -186,7 +172,7 @@ def test_kill_at_a_rounds_first_step_refuses_the_newest_checkpoint_and_the_one_b
     full, full_log, saves = _uninterrupted(family, tiny_model_dir, tmp_path_factory)
     ((last_step, _, _),) = [a for a in saves if a[1] == 0 and a[2]]
     checkpoints = _kill(family, tiny_model_dir, tmp_path / "run", last_step + 1)
-    assert _step(checkpoints[0]) == last_step, [p.name for p in checkpoints]
+    assert checkpoint_step(checkpoints[0]) == last_step, [p.name for p in checkpoints]
     refused, _ = _resumed(family, tiny_model_dir, tmp_path / "run")
     with pytest.raises(ValueError, match=r"after the last batch of epoch 0 but before the epoch's end.*"
                                          r"every_n_epochs=1, save_on_train_epoch_end=True.*earlier checkpoint"):
