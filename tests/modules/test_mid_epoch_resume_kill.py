@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -37,6 +38,16 @@ def checkpoint_step(path: Path) -> int:
     return int(re.search(r"step=(\d+)", path.name).group(1))
 
 
+class StepCount(L.Callback):
+    """Counts the optimizer steps a fit takes."""
+
+    def __init__(self):
+        self.steps = 0
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.steps += 1
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_kill_at_a_random_step_then_resume_from_the_newest_checkpoint_equals_the_uninterrupted_run(
         family, tiny_model_dir, tmp_path):
@@ -52,13 +63,16 @@ def test_kill_at_a_random_step_then_resume_from_the_newest_checkpoint_equals_the
     checkpoints = sorted((root / "ckpt").glob("*.ckpt"), key=checkpoint_step)
     newest = checkpoints[-1] if checkpoints else None
     # the rerun, in this process (the killed one's state is on disk): the script's trainer, same folder, no kill
+    counted = StepCount()
     resumed, _ = build(family, tiny_model_dir, enable_checkpointing=True, default_root_dir=str(root),
                        callbacks=[ModelCheckpoint(dirpath=str(root / "ckpt"), filename="{step}", every_n_train_steps=1,
-                                                  save_top_k=-1)])
+                                                  save_top_k=-1), counted])
     resumed.train(ckpt_path=str(newest) if newest else None)
     where = f"{family}: killed before optimizer step {at} of {steps}, resumed from " + (
         f"{newest.name} ({loader_state(newest)})" if newest else "scratch")
     print(where)
+    # the rerun took only the steps after the checkpoint (a rerun from scratch would end with the same weights)
+    assert counted.steps == steps - (checkpoint_step(newest) if newest else 0), where
     final = resumed.module.state_dict()
     for name, value in full.module.state_dict().items():
         assert torch.equal(final[name], value), f"{where}: {name} differs by {(final[name] - value).abs().max()}"
