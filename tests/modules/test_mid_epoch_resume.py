@@ -13,13 +13,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 
 from comlrl_lightning.config import IACConfig, MAACConfig, MADPOConfig, MADPOIterConfig
-from comlrl_lightning.config.magrpo import MAGRPOConfig
+from comlrl_lightning.config.magrpo import CentralizedMAGRPOConfig, MAGRPOConfig
 from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
 from comlrl_lightning.multiturn.transitions import plain_transition
 from comlrl_lightning.trainers.actor_critic import IACTrainer, MAACTrainer
 from comlrl_lightning.trainers.madpo import MADPOIterTrainer
 from comlrl_lightning.trainers.preference import MADPOTrainer
-from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
+from comlrl_lightning.trainers.reinforce import CentralizedMAGRPOTrainer, MAGRPOTrainer
 
 ITEMS = [{"prompt": f"Topic: {t}."} for t in ("rivers", "bread", "trains", "music", "owls", "maps")]
 COMMON = {"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0, "top_k": None, "agent_learning_rate": 1e-2,
@@ -55,6 +55,8 @@ FAMILIES = {
         k: v for k, v in COMMON.items() if k != "top_k"}), shuffle=True, extra={}),
     "maac": lambda: dict(cls=MAACTrainer, args=MAACConfig(rollout_buffer_size=2, critic_learning_rate=1e-2, logging_steps=3, **{
         k: v for k, v in COMMON.items() if k != "top_k"}), shuffle=True, extra={}),
+    "magrpo-centralized": lambda: dict(cls=CentralizedMAGRPOTrainer, args=CentralizedMAGRPOConfig(
+        num_generations=2, rollout_buffer_size=2, logging_steps=3, **COMMON), shuffle=True, extra={}),
     "madpo-iter": lambda: dict(cls=MADPOIterTrainer, args=MADPOIterConfig(
         num_iterations=2, preference_num_candidates=3, preference_pairs_per_sample=2, train_batch_size=2,
         logging_steps=6, **{**{k: v for k, v in COMMON.items() if k != "num_train_epochs"}, "max_new_tokens": 6}),

@@ -1,6 +1,6 @@
 """kill -9 at a random point of a batch, then resume from the newest checkpoint in the same folder (in the test's process): the weights equal
 the uninterrupted run's and the rerun takes only the steps after the checkpoint (issue 31 item 3), for the MAGRPO
-family (1 and 2 turns), IAC, MAAC, MADPO and MADPOIter.
+family (1 and 2 turns, centralized), IAC, MAAC, MADPO and MADPOIter.
 
 The training process (tests/modules/mid_epoch_kill_script.py) checkpoints after every batch and sends itself SIGKILL
 just before an optimizer step drawn at random (seeded per family, so a failure reproduces), i.e. inside a batch:
