@@ -1,6 +1,6 @@
 """Every section and decision reference in the repository resolves to a heading under docs/.
 
-Scanned: .py/.yaml/.yml/.md files outside docs/ (as tools/rewrite_refs.py rewrites them), plus the docs
+Scanned: .py/.yaml/.yml/.md files outside docs/, plus the docs
 themselves. A section reference must name its doc ("docs/preference.md S7.1", further tokens may follow
 in a chain: "S2.1, S2.3") and the doc must have that numbered heading; a decision reference must read
 "docs/decisions.md, decision N" and docs/decisions.md must have "## Decision N". Inside docs/, a bare
@@ -19,7 +19,7 @@ DOCS = ROOT / "docs"
 SECTION = "\u00a7"
 SUFFIXES = {".py", ".yaml", ".yml", ".md"}
 SKIP_DIRS = {"docs", ".git", ".venv", "venv", "build", "dist", "node_modules", "__pycache__"}
-SELF = {Path(__file__).resolve(), (ROOT / "tools" / "rewrite_refs.py").resolve()}
+SELF = {Path(__file__).resolve()}
 
 NUM = r"\d+(?:\.\d+)*"
 TOKEN = rf"{SECTION}{NUM}(?:\s*[-\u2013]\s*{SECTION}?{NUM})?"
@@ -108,7 +108,7 @@ def test_code_references_resolve():
         text = path.read_text(encoding="utf-8")
         problems += _check_sections(rel, text, CHAIN_RE, None, sections)
         problems += _check_decisions(rel, text, False, decisions)
-    assert not problems, ("unresolved references (run `python tools/rewrite_refs.py`):\n"
+    assert not problems, ("unresolved references (name the docs file and a heading it has):\n"
                           + "\n".join(problems[:60]) + (f"\n... and {len(problems) - 60} more" if len(problems) > 60 else ""))
 
 
