@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -62,4 +63,7 @@ def test_code_configs_run_from_the_cli(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     main(["fit", "--config", str(ROOT / f"configs/magrpo/{name}.yaml"), "--trainer.limit_train_batches=2",
           "--trainer.enable_progress_bar=false", "--model.init_args.args.max_new_tokens=8"])
-    assert list(tmp_path.glob(f"outputs/magrpo_{name}/lightning_logs/version_*/metrics.csv"))
+    (metrics,) = tmp_path.glob(f"outputs/magrpo_{name}/lightning_logs/version_*/metrics.csv")
+    with open(metrics) as f:
+        rewards = [float(row["eval/reward_mean"]) for row in csv.DictReader(f) if row.get("eval/reward_mean")]
+    assert rewards and all(r == 0.0 for r in rewards)  # the config header's "Expect task reward 0 -> 0" on tiny
