@@ -15,20 +15,25 @@ ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"max_new_tokens": 4, "eval_num_samples": 2, "eval_interval": 2, "num_generations": 4}
 
 
-def test_magrpo_facade_and_yaml_report_the_same_evaluations(tmp_path, monkeypatch):
+def _yaml_evals(tmp_path, monkeypatch, method: str, args: dict, extra: list[str]) -> list[float]:
+    """The eval/reward_mean rows of ``configs/<method>/tiny.yaml`` run through the CLI with ``args`` overrides."""
     from comlrl_lightning.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(ROOT / "configs" / method / "tiny.yaml"), "--trainer.enable_progress_bar=false",
+          "--trainer.enable_model_summary=false", *extra, *[f"--model.init_args.args.{k}={v}" for k, v in args.items()]])
+    run = tmp_path / "outputs" / f"{method}_tiny" / "lightning_logs" / "version_0"
+    with open(run / "metrics.csv") as f:
+        return [float(r["eval/reward_mean"]) for r in csv.DictReader(f) if r.get("eval/reward_mean")]
+
+
+def test_magrpo_facade_and_yaml_report_the_same_evaluations(tmp_path, monkeypatch):
     from comlrl_lightning.config import MAGRPOConfig
     from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
     from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 
     config = ROOT / "configs" / "magrpo" / "tiny.yaml"
-    monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(config), "--trainer.enable_progress_bar=false",
-          "--trainer.enable_model_summary=false", "--trainer.limit_train_batches=4",
-          *[f"--model.init_args.args.{k}={v}" for k, v in SMALL.items()]])
-    run = tmp_path / "outputs" / "magrpo_tiny" / "lightning_logs" / "version_0"
-    with open(run / "metrics.csv") as f:
-        yaml_evals = [float(r["eval/reward_mean"]) for r in csv.DictReader(f) if r.get("eval/reward_mean")]
+    yaml_evals = _yaml_evals(tmp_path, monkeypatch, "magrpo", SMALL, ["--trainer.limit_train_batches=4"])
 
     args = {**yaml.safe_load(config.read_text())["model"]["init_args"]["args"], **SMALL}
     tr = MAGRPOTrainer(agent_model="embedded:tiny", train_dataset="builtin:cooperative",
@@ -47,19 +52,13 @@ MADPO_SMALL = {"max_new_tokens": 4, "eval_num_samples": 2, "eval_interval": 2, "
 def test_madpo_facade_and_yaml_report_the_same_evaluations(tmp_path, monkeypatch):
     """The Quick start's job (configs/madpo/tiny.yaml, made small) from YAML and through ``MADPOTrainer``: the same
     evaluation numbers (the facade samples as many responses per eval item as the config)."""
-    from comlrl_lightning.cli import main
     from comlrl_lightning.config import MADPOConfig
     from comlrl_lightning.envs.cooperative import FORMATTERS, cooperative_reward
     from comlrl_lightning.trainers.madpo import MADPOTrainer
 
     config = ROOT / "configs" / "madpo" / "tiny.yaml"
-    monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(config), "--trainer.enable_progress_bar=false",
-          "--trainer.enable_model_summary=false", "--data.init_args.train_dataset=builtin:cooperative[:6]",
-          *[f"--model.init_args.args.{k}={v}" for k, v in MADPO_SMALL.items()]])
-    run = tmp_path / "outputs" / "madpo_tiny" / "lightning_logs" / "version_0"
-    with open(run / "metrics.csv") as f:
-        yaml_evals = [float(r["eval/reward_mean"]) for r in csv.DictReader(f) if r.get("eval/reward_mean")]
+    yaml_evals = _yaml_evals(tmp_path, monkeypatch, "madpo", MADPO_SMALL,
+                             ["--data.init_args.train_dataset=builtin:cooperative[:6]"])
 
     args = {**yaml.safe_load(config.read_text())["model"]["init_args"]["args"], **MADPO_SMALL}
     tr = MADPOTrainer(agent_model="embedded:tiny", train_dataset="builtin:cooperative[:6]",
