@@ -16,6 +16,13 @@ Failures: :func:`gather_round` runs a rank's share of a round and gathers a stat
 exception on one rank stops every rank at the same point with a :class:`RankFailure` naming the rank and the
 round, instead of the others waiting in the gather (docs/scaling.md, section 5).
 
+Collectives called unequally: under FSDP2, ``generate`` of a sharded agent is a collective (the agent is gathered
+whole for the call), yet a rank's block of a collection round may need fewer calls than another's (fewer items, or
+none). Such a collective is registered (:func:`register_balanced`) and announced before each call
+(:func:`announce_balanced`); :func:`gather_round` lets a rank that finished its work join the calls the others still
+make (:func:`join_balanced`: its shards take part, it generates nothing) until every rank is done, so every rank runs
+the same collectives in the same order and the round's results are those of its own items only.
+
 Gradients: :func:`average_gradients` averages one optimizer's gradients over the ranks, the reduction the team
 modules run under DDP at each agent's own step instead of DDP's per-backward hooks (docs/scaling.md, "Strategies").
 
@@ -94,6 +101,72 @@ def gather_objects(obj: Any, world_size: int) -> list[Any]:
     return out
 
 
+#: Announced by a rank that has no balanced collective left to run in the current round.
+DONE = -1
+#: Balanced collectives by key: the function a rank calls to take part in another rank's call without running it.
+_BALANCED: dict[int, Callable[[], Any]] = {}
+_NEXT_KEY = [0]
+
+
+def register_balanced(join: Callable[[], Any]) -> int:
+    """Register a collective that ranks may call a different number of times inside a round; ``join()`` takes
+    part in one call of it without running it (e.g. gather and free a sharded agent's weights). Returns its key
+    for :func:`announce_balanced`. Every rank registers the same collectives in the same order (the keys match)."""
+    key = _NEXT_KEY[0]
+    _NEXT_KEY[0] += 1
+    _BALANCED[key] = join
+    return key
+
+
+def _exchange(key: int) -> list[int]:
+    import torch.distributed as dist
+
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    mine = torch.tensor([key], dtype=torch.int64, device=device)
+    out = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, mine)
+    return [int(t.item()) for t in out]
+
+
+def _group_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def announce_balanced(key: int) -> None:
+    """Before this rank runs balanced collective ``key``: tell the others (a small all-gather). A rank that is
+    done (in :func:`join_balanced`) joins the call; a rank that announces another collective at the same point is
+    an error on every rank (the ranks' calls went out of step), never a hang."""
+    if _group_size() < 2:
+        return
+    keys = _exchange(key)
+    others = {k for k in keys if k not in (key, DONE)}
+    if others:
+        raise RuntimeError(
+            f"Ranks run different collectives at the same point (this rank: {key}, others: {sorted(others)}): the "
+            "sharded agents' generate calls went out of step across ranks. Every rank must sample the agents in the "
+            "same order (docs/scaling.md, \"FSDP2\").")
+
+
+def join_balanced() -> int:
+    """A rank that finished its share of a round: take part in the balanced collectives the other ranks still run,
+    until every rank has announced it is done. Returns the number of calls joined. Nothing without registered
+    balanced collectives or a process group (the ranks agree on both)."""
+    if not _BALANCED or _group_size() < 2:
+        return 0
+    joined = 0
+    while True:
+        running = {k for k in _exchange(DONE) if k != DONE}
+        if not running:
+            return joined
+        if len(running) > 1:
+            raise RuntimeError(f"Ranks run different collectives at the same point ({sorted(running)}): the sharded "
+                               "agents' generate calls went out of step across ranks (docs/scaling.md, \"FSDP2\").")
+        _BALANCED[running.pop()]()
+        joined += 1
+
+
 class RankFailure(RuntimeError):
     """A rank failed during a round's collective step; raised on every rank, naming the failed rank(s)."""
 
@@ -109,6 +182,10 @@ def gather_round(work: Callable[[], Any], rank: int, world_size: int, where: str
     raise once the peer's connection closes; a rank that hangs alive is caught by the process group's
     timeout, ``DDPStrategy(timeout=...)``), and that error is raised as a :class:`RankFailure` naming
     ``where``. With one rank (or no process group) ``work``'s exceptions pass unchanged.
+
+    Before the gather, a rank whose ``work`` made fewer calls of a balanced collective (a sharded agent's
+    ``generate`` under FSDP2, :func:`register_balanced`) joins the calls the others still make
+    (:func:`join_balanced`), so a block with fewer items, or none, never leaves another rank waiting.
     """
     if not _group_ready(world_size):
         return [work()]
@@ -118,6 +195,7 @@ def gather_round(work: Callable[[], Any], rank: int, world_size: int, where: str
     except Exception as exc:  # noqa: BLE001 - every rank must reach the gather to learn of the failure
         error, status = exc, (f"{type(exc).__name__}: {exc}", None)
     try:
+        join_balanced()  # a rank with fewer generate calls of sharded agents joins the others' (FSDP2)
         statuses = gather_objects(status, world_size)
     except RuntimeError as exc:  # gloo/nccl: a peer's process died or the collective timed out
         raise RankFailure(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -130,15 +131,32 @@ def gathered(module: nn.Module) -> Iterator[nn.Module]:
             m.set_reshard_after_forward(setting, recurse=False)
 
 
-def _gathered_generate(module: nn.Module, generate: Any, *args: Any, **kwargs: Any) -> Any:
+def _gathered_generate(module: nn.Module, key: int, generate: Any, *args: Any, **kwargs: Any) -> Any:
+    from comlrl_lightning.distributed import announce_balanced
+
+    announce_balanced(key)  # a rank that has finished its share of a round joins this call (gather_round)
+    # gathered whole, the forwards need no collective: transformers' per-token sync of FSDP models is off, so a
+    # rank whose completions stop early neither waits for the others nor draws extra random numbers (as DDP)
+    kwargs.setdefault("synced_gpus", False)
     with gathered(module):
         return generate(*args, **kwargs)
+
+
+def _join_generate(ref: Any) -> None:
+    """Take part in another rank's ``generate`` of the member ``ref()`` without generating: gather it, free it."""
+    module = ref()
+    if module is None:
+        raise RuntimeError("Another rank generates with a sharded agent this rank no longer holds.")
+    with gathered(module):
+        pass
 
 
 def shard_member(member: nn.Module, mesh: Any) -> nn.Module:
     """``fully_shard`` each unit of :func:`shard_units`, then ``member`` itself, on ``mesh``; a member with a
     ``generate`` method gets it wrapped in :func:`gathered`. Idempotent (a sharded member is returned as is)."""
     from torch.distributed.fsdp import fully_shard
+
+    from comlrl_lightning.distributed import register_balanced
 
     if is_sharded(member):
         return member
@@ -148,8 +166,10 @@ def shard_member(member: nn.Module, mesh: Any) -> nn.Module:
         fully_shard(unit, mesh=mesh)
     fully_shard(root, mesh=mesh)
     if callable(getattr(member, "generate", None)):
-        # an instance attribute: generation code calls ``model.generate`` unchanged
-        object.__setattr__(member, "generate", functools.partial(_gathered_generate, member, member.generate))
+        # an instance attribute: generation code calls ``model.generate`` unchanged; a balanced collective, so a
+        # rank of a collection round with fewer items joins the others' calls (distributed.gather_round)
+        key = register_balanced(functools.partial(_join_generate, weakref.ref(member)))
+        object.__setattr__(member, "generate", functools.partial(_gathered_generate, member, key, member.generate))
     if callable(getattr(member, "save_pretrained", None)):
         object.__setattr__(member, "save_pretrained",
                            functools.partial(_guarded_save_pretrained, member.save_pretrained))
@@ -233,9 +253,11 @@ def _plain_class_name(model: nn.Module) -> str:
 
 def save_team(module: Any, output_dir: str) -> list[str]:
     """Write ``output_dir/agent_{i}/`` per agent as ordinary ``from_pretrained`` folders (model + tokenizer, or the
-    LoRA adapter + tokenizer, as ``AgentTeam.save``), from sharded agents. Every rank must call it: each agent's
-    whole state dict is gathered (a collective), rank 0 writes, then every rank waits at a barrier. Returns the
-    folders on every rank. Without sharded agents it is ``module.save_agents(output_dir)`` on rank 0."""
+    LoRA adapter + tokenizer, as ``AgentTeam.save``), from sharded agents; IAC/MAAC's value heads and critics go
+    where ``save_agents`` puts them under DDP (``agent_{i}/value_head.pt``, ``agent_{i}/critic/``, MAAC's
+    ``critic/``). Every rank must call it: each member's whole state dict is gathered (a collective), rank 0
+    writes, then every rank waits at a barrier. Returns the agents' folders on every rank. Without sharded agents it
+    is ``module.save_agents(output_dir)`` on rank 0."""
     import json
     import os
     from pathlib import Path
@@ -249,6 +271,7 @@ def save_team(module: Any, output_dir: str) -> list[str]:
         paths = module.save_agents(output_dir) if rank == 0 else []
     else:
         states = [full_state_dict(m) for m in team.unique_models()]  # the collectives, on every rank
+        extras = _gather_extras(module)
         paths = []
         if rank == 0:
             by_id = {id(m): s for m, s in zip(team.unique_models(), states)}
@@ -264,7 +287,7 @@ def save_team(module: Any, output_dir: str) -> list[str]:
                             os.replace(f, target / f.name)
                         sub.rmdir()
                 else:
-                    model.save_pretrained(str(target), state_dict=by_id[id(model)])
+                    model.save_pretrained(str(target), state_dict=_plain_names(model, by_id[id(model)]))
                 config = target / "config.json"
                 if config.is_file():  # save_pretrained names the sharded class (FSDPQwen2ForCausalLM)
                     data = json.loads(config.read_text())
@@ -272,7 +295,38 @@ def save_team(module: Any, output_dir: str) -> list[str]:
                     config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
                 tok.save_pretrained(str(target))
                 paths.append(str(target))
+            _write_extras(module, out, extras)
     if group:
         dist.barrier()
         paths = [os.path.join(output_dir, f"agent_{i}") for i in range(team.num_agents)]
     return paths
+
+
+def _gather_extras(module: Any) -> dict[str, list[dict[str, torch.Tensor]]]:
+    """The whole state dicts of IAC's value heads and IAC/MAAC's critics (a collective per sharded one; rank 0
+    receives them), in the order ``ActorCriticModule.save_agents`` writes them."""
+    return {"value_heads": [full_state_dict(h) for h in getattr(module, "value_heads", None) or []],
+            "critics": [full_state_dict(c) for c in getattr(module, "critics", None) or []]}
+
+
+def _write_extras(module: Any, out: Any, extras: dict[str, list[dict[str, torch.Tensor]]]) -> None:
+    """Rank 0: the layout of ``ActorCriticModule.save_agents`` from gathered state dicts: ``agent_{i}/value_head.pt``
+    (IAC's value heads), ``agent_{k}/critic/`` (IAC's separate critics) or ``critic/`` (MAAC): the critic's model as a
+    ``from_pretrained`` folder and its ``value_head.pt``."""
+    def part(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+        return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+    for i, state in enumerate(extras["value_heads"]):
+        torch.save(state, out / f"agent_{i}" / "value_head.pt")
+    for k, (critic, state) in enumerate(zip(module.critics, extras["critics"])):
+        target = out / "critic" if getattr(module, "is_maac", False) else out / f"agent_{k}" / "critic"
+        target.mkdir(parents=True, exist_ok=True)
+        critic.model.save_pretrained(str(target), state_dict=_plain_names(critic.model, part(state, "model.")))
+        torch.save(part(state, "value_head."), target / "value_head.pt")
+
+
+def _plain_names(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with the names a plain ``save_pretrained`` writes: a tied weight (``lm_head`` tied to the
+    embeddings), which the gathered state dict repeats, appears once, as under DDP."""
+    names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    return {k: v for k, v in state.items() if k in names}

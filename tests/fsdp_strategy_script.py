@@ -2,13 +2,14 @@
 tests/components/test_fsdp.py.
 
 Usage: ``fsdp_strategy_script.py OUT MODEL FIT [FIT ...]``, FIT among ``magrpo``, ``magrpo_lora``, ``iac``, ``maac``,
-``madpo``, ``madpo_iter``, ``marlhf``. Each FIT is trained twice in the same two processes from the same seed: with ``strategy="ddp"`` (the
+``madpo``, ``madpo_odd`` (3 items, one per generate call), ``madpo_iter``, ``marlhf``. Each FIT is trained twice in the same two processes from the same seed: with ``strategy="ddp"`` (the
 reference), then with ``ModelParallelStrategy()`` (every agent and critic sharded by the module's
 ``configure_model``). Each rank writes ``OUT/rank{r}.pt``: per fit and run, every trained member's parameters (agents,
 then critics; a LoRA fit adds its frozen base last) before and after the fit, gathered whole and flattened in
 float64, the elements this rank holds of each member, the whole element count, the global step, the world size and
 the type name of the first agent parameter. The LoRA fit exports its adapters with ``save_team`` into
-``OUT/magrpo_lora_agents``.
+``OUT/magrpo_lora_agents``. IAC and MAAC export their agents with critics (and IAC's value heads) into
+``OUT/{fit}_{run}_export``: ``save_agents`` on rank 0 under DDP, ``save_team`` on every rank under FSDP2.
 """
 import os
 import sys
@@ -22,6 +23,9 @@ from comlrl_lightning.multiturn.transitions import plain_transition
 from comlrl_lightning.sharding import local_numel, save_team
 
 out_dir, model_dir, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+if os.environ.get("FSDP_SCRIPT_DUMP"):
+    import faulthandler
+    faulthandler.dump_traceback_later(int(os.environ["FSDP_SCRIPT_DUMP"]), exit=True)
 items = [{"prompt": f"Topic: {t}."} for t in ("rivers", "bread", "trains", "music")]
 sampling = dict(max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=None, agent_learning_rate=1e-2, num_train_epochs=1,
                 eval_interval=0, eval_num_samples=0, seed=0)
@@ -51,6 +55,14 @@ def build(name: str, strategy):
                            gradient_clip_val=0.05, gradient_accumulation_steps=2,
                            **{**sampling, "max_new_tokens": 6})
         return MADPOTrainer(args=args, trainer_kwargs=tk, **common)
+    if name == "madpo_odd":  # 3 items, one per generate call: rank 0 calls generate twice per agent, rank 1 once
+        from comlrl_lightning.trainers.preference import MADPOTrainer
+
+        args = MADPOConfig(preference_num_candidates=4, preference_pairs_per_sample=2, train_batch_size=1,
+                           **{**sampling, "max_new_tokens": 6})
+        tr = MADPOTrainer(args=args, trainer_kwargs=tk, **{**common, "train_dataset": items[:3]})
+        tr.collection.chunk_size = 1
+        return tr
     if name == "madpo_iter":  # 2 rounds, the current team as comparator, replay of every round
         from comlrl_lightning.config import MADPOIterConfig
         from comlrl_lightning.trainers.madpo import MADPOIterTrainer
@@ -95,6 +107,12 @@ for name in names:
         rank, members = tr.trainer.global_rank, trained(tr)
         if run == "fsdp2" and tr.team.uses_lora:  # every rank gathers, rank 0 writes the adapters
             save_team(tr.module, os.path.join(out_dir, f"{name}_agents"))
+        if name in ("iac", "maac"):  # agents, value heads and critics: DDP from rank 0, FSDP2 gathered on every rank
+            folder = os.path.join(out_dir, f"{name}_{run}_export")
+            if run == "fsdp2":
+                save_team(tr.module, folder)
+            elif tr.trainer.global_rank == 0:
+                tr.module.save_agents(folder)
         record[f"{name}/{run}"] = {
             "initial": initial, "weights": [whole(ps) for ps in members], "local": [local_numel(ps) for ps in members],
             "numel": [sum(p.numel() for p in ps) for ps in members], "global_step": tr.trainer.global_step,

@@ -32,7 +32,7 @@ def _check(ranks, name):
     ddp, fsdp = ranks[0][f"{name}/ddp"], ranks[0][f"{name}/fsdp2"]
     assert fsdp["world"] == 2 and fsdp["global_step"] == ddp["global_step"] > 0
     assert fsdp["param_type"] == "DTensor" and ddp["param_type"] == "Parameter"
-    assert len(fsdp["weights"]) == len(ddp["weights"]) == MEMBERS[name]
+    assert len(fsdp["weights"]) == len(ddp["weights"]) == MEMBERS.get(name, 2)
     local = [ranks[r][f"{name}/fsdp2"]["local"] for r in (0, 1)]
     numel, total = fsdp["numel"], sum(fsdp["numel"])
     for m, n in enumerate(numel):  # every member split between the ranks (DDP: each rank holds it whole)
@@ -57,6 +57,30 @@ def test_fsdp2_equals_ddp_and_shards_half_for_every_family(tiny_model_dir, tmp_p
     for name in MEMBERS:
         _check(ranks, name)
     _check_lora(ranks, tiny_model_dir, tmp_path)
+
+
+@pytest.mark.slow
+def test_fsdp2_exports_critics_and_balances_uneven_collections(tiny_model_dir, tmp_path):
+    """On 2 gloo processes: IAC (separate critics) and MAAC exported under FSDP2 write the folders of DDP's export
+    (agents, critics, value heads) with the same weights; MADPO with 3 items collected one per generate call
+    (rank 0 calls generate twice per agent, rank 1 once) does not hang and equals strategy="ddp"."""
+    from safetensors.torch import load_file
+
+    ranks = _fit_both(tiny_model_dir, tmp_path, ["iac", "maac", "madpo_odd"])
+    for name in ("iac", "maac", "madpo_odd"):
+        _check(ranks, name)
+    for name in ("iac", "maac"):
+        ddp, fsdp = tmp_path / f"{name}_ddp_export", tmp_path / f"{name}_fsdp2_export"
+        files = sorted(p.relative_to(ddp) for p in ddp.rglob("*") if p.is_file())
+        assert files == sorted(p.relative_to(fsdp) for p in fsdp.rglob("*") if p.is_file()), name
+        assert any(f.name == "value_head.pt" for f in files) and any("critic" in f.parts for f in files), files
+        for f in files:
+            if f.suffix not in (".pt", ".safetensors"):
+                continue
+            a, b = (torch.load(d / f) if f.suffix == ".pt" else load_file(d / f) for d in (ddp, fsdp))
+            assert a.keys() == b.keys(), (name, f)
+            for k in a:
+                torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-5, msg=f"{name}: {f} {k}")
 
 
 def _check_lora(ranks, tiny_model_dir, tmp_path):
