@@ -318,7 +318,7 @@ def _write_extras(module: Any, out: Any, extras: dict[str, list[dict[str, torch.
 
     for i, state in enumerate(extras["value_heads"]):
         torch.save(state, out / f"agent_{i}" / "value_head.pt")
-    for k, (critic, state) in enumerate(zip(module.critics, extras["critics"])):
+    for k, (critic, state) in enumerate(zip(getattr(module, "critics", None) or [], extras["critics"])):
         target = out / "critic" if getattr(module, "is_maac", False) else out / f"agent_{k}" / "critic"
         target.mkdir(parents=True, exist_ok=True)
         critic.model.save_pretrained(str(target), state_dict=_plain_names(critic.model, part(state, "model.")))
