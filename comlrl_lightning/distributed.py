@@ -128,17 +128,11 @@ def _exchange(key: int) -> list[int]:
     return [int(t.item()) for t in out]
 
 
-def _group_size() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 def announce_balanced(key: int) -> None:
     """Before this rank runs balanced collective ``key``: tell the others (a small all-gather). A rank that is
     done (in :func:`join_balanced`) joins the call; a rank that announces another collective at the same point is
     an error on every rank (the ranks' calls went out of step), never a hang."""
-    if _group_size() < 2:
+    if world()[1] < 2:
         return
     keys = _exchange(key)
     others = {k for k in keys if k not in (key, DONE)}
@@ -153,7 +147,7 @@ def join_balanced() -> int:
     """A rank that finished its share of a round: take part in the balanced collectives the other ranks still run,
     until every rank has announced it is done. Returns the number of calls joined. Nothing without registered
     balanced collectives or a process group (the ranks agree on both)."""
-    if not _BALANCED or _group_size() < 2:
+    if not _BALANCED or world()[1] < 2:
         return 0
     joined = 0
     while True:
