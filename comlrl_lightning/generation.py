@@ -118,6 +118,20 @@ def encode_prompts(model: Any, tokenizer: Any, prompts: Sequence[str],
     return cut, any(len(a) != len(b) for a, b in zip(cut, prompt_ids))
 
 
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """``input_ids`` and ``attention_mask`` of ``rows`` padded on the left with ``pad_id`` to the longest row (mask 0
+    on padding, 1 on tokens): what ``tokenizer(prompts, padding=True)`` with ``padding_side="left"`` returns for the
+    same ids, without tokenizing the prompts a second time."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.tensor(list(r), dtype=torch.long)
+            mask[i, width - len(r):] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
 def cut_at_pad(row: Sequence[int], pad_id: int | None, eos_id: int | None = None) -> list[int]:
     """Generated ids up to (excluding) the first pad token; the EOS token stays in, also when it equals the pad
     token (``eos_id == pad_id``: the first one is the sampled stop token, the rest padding)."""
@@ -303,18 +317,9 @@ def sample_completions(
     own = uses_own_generator(model, settings) if own_generator is None else own_generator
     per_chunk = max(1, max_batch_rows // num_candidates)
     with _TOKENIZER_LOCK:
-        prompt_ids, truncated = encode_prompts(model, tokenizer, prompts, settings.max_new_tokens)
-        old_side = tokenizer.padding_side
-        tokenizer.padding_side = "left"
-        try:
-            if truncated:  # pad the (cut) ids themselves
-                encs = [tokenizer.pad({"input_ids": prompt_ids[i:i + per_chunk]}, padding=True, return_tensors="pt")
-                        for i in range(0, len(prompts), per_chunk)]
-            else:
-                encs = [tokenizer(list(prompts[i:i + per_chunk]), return_tensors="pt", padding=True,
-                                  add_special_tokens=True) for i in range(0, len(prompts), per_chunk)]
-        finally:
-            tokenizer.padding_side = old_side
+        prompt_ids, _ = encode_prompts(model, tokenizer, prompts, settings.max_new_tokens)
+    encs = [left_pad(prompt_ids[i:i + per_chunk], pad_id if pad_id is not None else eos_id)
+            for i in range(0, len(prompts), per_chunk)]
     gen_kwargs = generate_kwargs(settings, num_candidates, pad_id, eos_id)
     user_processors = list(gen_kwargs.pop("logits_processor", None) or [])
     generated: list[list[int]] = []
@@ -324,7 +329,7 @@ def sample_completions(
     try:
         with global_rng_kept(device):
             for enc in encs:
-                enc = enc.to(device)
+                enc = {k: v.to(device) for k, v in enc.items()}
                 seed = stream.next_seed()
                 if own:
                     from transformers import LogitsProcessorList

@@ -250,3 +250,21 @@ def test_a_500kb_prompt_is_truncated_with_a_warning(tiny_model_dir):
     assert len(s.prompt_ids[1]) == limit - 4
     assert tok.decode(s.prompt_ids[1]).endswith("Topic: rivers.")  # the end of the prompt is kept
     assert s.prompt_ids[0] == tok("Topic: sea.")["input_ids"] and len(s.texts[1]) == 2
+
+
+def test_left_pad_equals_the_tokenizers_left_padding(model_and_tok):
+    """sample_completions pads the ids it already has (``left_pad``) instead of tokenizing the prompts again: the
+    same ids and mask as the tokenizer's own left padding, for prompts of different lengths."""
+    from comlrl_lightning.generation import left_pad
+
+    _, tok = model_and_tok
+    old = tok.padding_side
+    tok.padding_side = "left"
+    try:
+        ref = tok(PROMPTS, padding=True, return_tensors="pt")
+    finally:
+        tok.padding_side = old
+    got = left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id)
+    assert len({len(tok(p)["input_ids"]) for p in PROMPTS}) > 1  # padding is exercised
+    assert torch.equal(got["input_ids"], ref["input_ids"])
+    assert torch.equal(got["attention_mask"], ref["attention_mask"])
