@@ -25,6 +25,7 @@ import lightning as L
 from comlrl_lightning.files import RunLock, recover_dirs, replace_dir
 from comlrl_lightning.protocols import TeamModule, check_protocol
 from comlrl_lightning.rounds import check_round_setup, output_dir, round_just_finished
+from comlrl_lightning.sharding import save_team, team_is_sharded
 
 
 class HistoryCheckpoint(L.Callback):
@@ -61,23 +62,35 @@ class HistoryCheckpoint(L.Callback):
         if lock is not None:
             lock.release()
 
-    def save(self, pl_module: L.LightningModule, name: str) -> Path:
-        """Write ``root/name/agent_{i}`` atomically (temp folder, then :func:`replace_dir`); returns the folder."""
+    def save(self, pl_module: L.LightningModule, name: str, writes: bool = True) -> Path:
+        """Write ``root/name/agent_{i}`` atomically (temp folder, then :func:`replace_dir`); returns the folder.
+
+        Sharded agents (FSDP2, docs/scaling.md "FSDP2"): every rank calls it, each agent's whole weights are gathered
+        (:func:`~comlrl_lightning.sharding.save_team`, a collective) and only the rank with ``writes`` (rank 0)
+        writes the folder."""
         target = self.root / name
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.new.", dir=self.root))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.new.", dir=self.root)) if writes else None
         try:
-            pl_module.team.save(tmp)
-            replace_dir(tmp, target)
+            if team_is_sharded(pl_module):
+                save_team(pl_module, str(tmp) if writes else "", critics=False)
+            else:
+                pl_module.team.save(tmp)
+            if writes:
+                replace_dir(tmp, target)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
             raise
         self.saved[name] = name
         return target
 
     def _snapshot(self, trainer: L.Trainer, pl_module: L.LightningModule, name: str) -> None:
         """Rank 0 writes the snapshot; every rank waits for it, since every rank's comparator may load it next
-        (the replicas are identical, so one copy serves all; docs/scaling.md)."""
-        if trainer.is_global_zero:
+        (the replicas are identical, so one copy serves all; docs/scaling.md). Sharded agents are gathered on every
+        rank first (:meth:`save`)."""
+        if team_is_sharded(pl_module):
+            self.save(pl_module, name, writes=trainer.is_global_zero)
+        elif trainer.is_global_zero:
             self.save(pl_module, name)
         else:
             self.saved[name] = name

@@ -151,9 +151,10 @@ def _join_generate(ref: Any) -> None:
         pass
 
 
-def shard_member(member: nn.Module, mesh: Any) -> nn.Module:
+def shard_member(member: nn.Module, mesh: Any, generates: bool = True) -> nn.Module:
     """``fully_shard`` each unit of :func:`shard_units`, then ``member`` itself, on ``mesh``; a member with a
-    ``generate`` method gets it wrapped in :func:`gathered`. Idempotent (a sharded member is returned as is)."""
+    ``generate`` method gets it wrapped in :func:`gathered` (unless ``generates`` is False: a frozen reference only
+    runs forwards, each rank as many as the others). Idempotent (a sharded member is returned as is)."""
     from torch.distributed.fsdp import fully_shard
 
     from comlrl_lightning.distributed import register_balanced
@@ -165,7 +166,9 @@ def shard_member(member: nn.Module, mesh: Any) -> nn.Module:
     for unit in shard_units(root):
         fully_shard(unit, mesh=mesh)
     fully_shard(root, mesh=mesh)
-    if callable(getattr(member, "generate", None)):
+    if not generates:  # FSDP keeps a root whole after forward for the backward that follows; a reference has none
+        root.set_reshard_after_forward(True, recurse=False)
+    if generates and callable(getattr(member, "generate", None)):
         # an instance attribute: generation code calls ``model.generate`` unchanged; a balanced collective, so a
         # rank of a collection round with fewer items joins the others' calls (distributed.gather_round)
         key = register_balanced(functools.partial(_join_generate, weakref.ref(member)))
@@ -189,11 +192,15 @@ def _guarded_save_pretrained(save_pretrained: Any, *args: Any, **kwargs: Any) ->
 
 def shard_team(module: Any) -> int:
     """Shard the trained members of team module ``module`` (``module.trainable_modules()``: every distinct agent
-    model, then critics and value heads) on the ``data_parallel`` mesh of Lightning's ``ModelParallelStrategy``;
-    nothing under another strategy. Returns the number of members sharded (0 when nothing was done).
+    model, then critics and value heads), then its frozen references (:func:`frozen_members`), on the
+    ``data_parallel`` mesh of Lightning's ``ModelParallelStrategy``; nothing under another strategy. Returns the
+    number of members sharded (0 when nothing was done).
 
     LoRA agents: the shared base is one member, sharded once with every adapter in it (each adapter keeps its own
-    optimizer). Refused (``ValueError``): ``parallel_training="mp"`` and a non-HF ``generation_backend``."""
+    optimizer). A reference has no optimizer; its forwards (the KL at rollout time) gather each block as the agents'
+    training forwards do, and every rank runs as many of them as the others (per-rank batches of equal size).
+    Refused (``ValueError``): ``parallel_training="mp"``, a non-HF ``generation_backend`` and ``reference_devices``
+    with a reference to shard (the mesh places it)."""
     trainer = getattr(module, "_trainer", None)
     strategy = getattr(trainer, "strategy", None) if trainer is not None else None
     if strategy is None or "ModelParallelStrategy" not in {c.__name__ for c in type(strategy).__mro__}:
@@ -207,13 +214,31 @@ def shard_team(module: Any) -> int:
     if backend != "hf":
         raise ValueError(f"generation_backend={backend!r} with ModelParallelStrategy (FSDP2) is not supported yet: "
                          "the engine would need the agents' full weights at every sync. Use generation_backend='hf'.")
+    frozen = frozen_members(module)
+    devices = getattr(a, "reference_devices", None)
+    if frozen and devices not in (None, "auto"):
+        raise ValueError(f"reference_devices={devices!r} with ModelParallelStrategy (FSDP2): the frozen references "
+                         "are sharded over the ranks like the agents, so the mesh places them. Leave "
+                         "reference_devices unset (or \"auto\"); see docs/scaling.md, \"FSDP2\".")
     mesh = strategy.device_mesh
     dp_mesh = mesh["data_parallel"] if mesh.mesh_dim_names and "data_parallel" in mesh.mesh_dim_names else mesh
     members = list({id(m): m for m in module.trainable_modules()}.values())
     for member in members:
         if any(p.requires_grad for p in member.parameters()):
             shard_member(member, dp_mesh)
-    return len(members)
+    for member in frozen:
+        shard_member(member, dp_mesh, generates=False)
+    return len(members) + len(frozen)
+
+
+def frozen_members(module: Any) -> list[nn.Module]:
+    """The distinct frozen reference models of team module ``module`` that hold weights of their own: the copies of
+    ``module.reference`` (:class:`~comlrl_lightning.reference.ReferencePolicies`, MAGRPO family and IAC/MAAC with
+    the reference KL on). LoRA agents have none (their reference is the shared base with the adapter disabled,
+    sharded with the agents); MADPO is reference-free."""
+    reference = getattr(module, "reference", None)
+    models = getattr(reference, "models", None) or []
+    return list({id(m): m for m in models if m is not None}.values())
 
 
 def local_numel(params: Any) -> int:
@@ -251,13 +276,14 @@ def _plain_class_name(model: nn.Module) -> str:
     return type(model).__name__
 
 
-def save_team(module: Any, output_dir: str) -> list[str]:
+def save_team(module: Any, output_dir: str, critics: bool = True) -> list[str]:
     """Write ``output_dir/agent_{i}/`` per agent as ordinary ``from_pretrained`` folders (model + tokenizer, or the
     LoRA adapter + tokenizer, as ``AgentTeam.save``), from sharded agents; IAC/MAAC's value heads and critics go
     where ``save_agents`` puts them under DDP (``agent_{i}/value_head.pt``, ``agent_{i}/critic/``, MAAC's
     ``critic/``). Every rank must call it: each member's whole state dict is gathered (a collective), rank 0
     writes, then every rank waits at a barrier. Returns the agents' folders on every rank. Without sharded agents it
-    is ``module.save_agents(output_dir)`` on rank 0."""
+    is ``module.save_agents(output_dir)`` on rank 0. ``critics=False``: the agents only (the history comparator's
+    snapshots, ``AgentTeam.save``'s layout)."""
     import json
     import os
     from pathlib import Path
@@ -268,10 +294,10 @@ def save_team(module: Any, output_dir: str) -> list[str]:
     group = dist.is_available() and dist.is_initialized()
     rank = dist.get_rank() if group else 0
     if not any(is_sharded(m) for m in team.unique_models()):
-        paths = module.save_agents(output_dir) if rank == 0 else []
+        paths = (module.save_agents(output_dir) if critics else module.team.save(output_dir)) if rank == 0 else []
     else:
         states = [full_state_dict(m) for m in team.unique_models()]  # the collectives, on every rank
-        extras = _gather_extras(module)
+        extras = _gather_extras(module) if critics else {"value_heads": [], "critics": []}
         paths = []
         if rank == 0:
             by_id = {id(m): s for m, s in zip(team.unique_models(), states)}
@@ -295,7 +321,8 @@ def save_team(module: Any, output_dir: str) -> list[str]:
                     config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
                 tok.save_pretrained(str(target))
                 paths.append(str(target))
-            _write_extras(module, out, extras)
+            if critics:
+                _write_extras(module, out, extras)
     if group:
         dist.barrier()
         paths = [os.path.join(output_dir, f"agent_{i}") for i in range(team.num_agents)]

@@ -2,7 +2,10 @@
 tests/components/test_fsdp.py.
 
 Usage: ``fsdp_strategy_script.py OUT MODEL FIT [FIT ...]``, FIT among ``magrpo``, ``magrpo_lora``, ``iac``, ``maac``,
-``madpo``, ``madpo_odd`` (3 items, one per generate call), ``madpo_iter``, ``marlhf``. Each FIT is trained twice in the same two processes from the same seed: with ``strategy="ddp"`` (the
+``madpo``, ``madpo_odd`` (3 items, one per generate call), ``madpo_iter``, ``madpo_history`` (MADPOIter against
+the policy one round back), ``marlhf``, ``magrpo_kl`` (2-turn MAGRPO with the reference KL: the frozen references
+are sharded too; the record adds the references' whole weights, this rank's element count of each and the largest
+KL the rollouts measured). Each FIT is trained twice in the same two processes from the same seed: with ``strategy="ddp"`` (the
 reference), then with ``ModelParallelStrategy()`` (every agent and critic sharded by the module's
 ``configure_model``). Each rank writes ``OUT/rank{r}.pt``: per fit and run, every trained member's parameters (agents,
 then critics; a LoRA fit adds its frozen base last) before and after the fit, gathered whole and flattened in
@@ -32,7 +35,7 @@ sampling = dict(max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=None, agent_
 common = dict(agent_model=model_dir, train_dataset=items, reward_func=cooperative_reward, formatters=FORMATTERS)
 
 
-def build(name: str, strategy):
+def build(name: str, strategy, run: str):
     tk = dict(accelerator="cpu", devices=2, strategy=strategy, enable_progress_bar=False, enable_model_summary=False,
               enable_checkpointing=False, default_root_dir=out_dir, logger=False)
     if name in ("magrpo", "magrpo_lora"):  # 2 turns, 2 agents; LoRA: 2 adapters on one shared frozen base
@@ -48,6 +51,12 @@ def build(name: str, strategy):
         args = config(num_generations=2, rollout_buffer_size=2, train_batch_size=2, critic_learning_rate=1e-2,
                       **sampling)
         return trainer(args=args, trainer_kwargs=tk, **common)
+    if name == "magrpo_kl":  # 1 item per batch: the second batch samples from updated agents, so the KL is > 0
+        from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
+
+        args = MAGRPOConfig(num_turns=2, num_generations=2, train_batch_size=1, rollout_buffer_size=2,
+                            reference_kl_enabled=True, reference_kl_coef=0.5, **sampling)
+        return MAGRPOTrainer(args=args, external_transition=plain_transition, trainer_kwargs=tk, **common)
     if name == "madpo":  # gradient clipping and accumulation over 2 batches
         from comlrl_lightning.trainers.preference import MADPOTrainer
 
@@ -70,6 +79,15 @@ def build(name: str, strategy):
         args = MADPOIterConfig(num_iterations=2, preference_num_candidates=4, preference_pairs_per_sample=2,
                                train_batch_size=1, preference_replay_mode="all_history",
                                preference_replay_sample_size=4, **{**sampling, "max_new_tokens": 6})
+        return MADPOIterTrainer(args=args, evaluation=False, trainer_kwargs=tk, eval_dataset=None, **common)
+    if name == "madpo_history":  # 2 rounds against the snapshot of the policy one round back (written every round)
+        from comlrl_lightning.config import MADPOIterConfig
+        from comlrl_lightning.trainers.madpo import MADPOIterTrainer
+
+        args = MADPOIterConfig(num_iterations=2, preference_num_candidates=4, preference_pairs_per_sample=2,
+                               train_batch_size=1, comparator_policy="history", comparator_history_k=1,
+                               policy_checkpoint_dir=os.path.join(out_dir, f"snapshots_{run}"),
+                               **{**sampling, "max_new_tokens": 6})
         return MADPOIterTrainer(args=args, evaluation=False, trainer_kwargs=tk, eval_dataset=None, **common)
     if name == "marlhf":  # a reward model fitted on collected pairs (replicated), then MAGRPO on it
         from comlrl_lightning.config.marlhf import MARLHFConfig
@@ -101,8 +119,17 @@ record, rank = {}, 0
 for name in names:
     for run in ("ddp", "fsdp2"):
         torch.manual_seed(0)  # the critics' value heads are initialized from the global generator
-        tr = build(name, "ddp" if run == "ddp" else ModelParallelStrategy())
+        tr = build(name, "ddp" if run == "ddp" else ModelParallelStrategy(), run)
         initial = [whole(ps) for ps in trained(tr)]
+        kls = []
+        if getattr(tr.module, "reference", None) is not None:
+            measure = tr.module._sequence_kls  # every KL the rollouts measure against the references
+
+            def recorded(*a, measure=measure, kls=kls, **k):
+                out = measure(*a, **k)
+                kls.extend(v for row in out for v in row)
+                return out
+            tr.module._sequence_kls = recorded
         tr.train()
         rank, members = tr.trainer.global_rank, trained(tr)
         if run == "fsdp2" and tr.team.uses_lora:  # every rank gathers, rank 0 writes the adapters
@@ -117,4 +144,10 @@ for name in names:
             "initial": initial, "weights": [whole(ps) for ps in members], "local": [local_numel(ps) for ps in members],
             "numel": [sum(p.numel() for p in ps) for ps in members], "global_step": tr.trainer.global_step,
             "world": tr.trainer.world_size, "param_type": type(members[0][0]).__name__}
+        if getattr(tr.module, "reference", None) is not None:  # the frozen references (distinct copies), per agent
+            refs = [list(tr.module.reference.model_for(i).parameters()) for i in range(2)]
+            record[f"{name}/{run}"].update(
+                ref_weights=[whole(ps) for ps in refs], ref_local=[local_numel(ps) for ps in refs],
+                ref_numel=[sum(p.numel() for p in ps) for ps in refs], ref_type=type(refs[0][0]).__name__,
+                kl_max=max(kls, default=0.0), kl_sum=sum(kls), agents_initial=initial[:2])
 torch.save(record, os.path.join(out_dir, f"rank{rank}.pt"))

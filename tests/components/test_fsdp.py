@@ -83,6 +83,42 @@ def test_fsdp2_exports_critics_and_balances_uneven_collections(tiny_model_dir, t
                 torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-5, msg=f"{name}: {f} {k}")
 
 
+@pytest.mark.slow
+def test_fsdp2_shards_references_and_writes_history_snapshots(tiny_model_dir, tmp_path):
+    """On 2 gloo processes: 2-turn MAGRPO with the reference KL (coefficient 0.5) under FSDP2 shards the frozen
+    references too (DTensors, half of each per rank, still the initial agents), measures the KLs of strategy="ddp"
+    (> 0 once the agents moved) and ends with its weights; MADPOIter against the history comparator (2 rounds)
+    gathers each snapshot on every rank, rank 0 writes the folders DDP writes (same files, same weights), and the
+    run equals strategy="ddp"."""
+    from safetensors.torch import load_file
+
+    ranks = _fit_both(tiny_model_dir, tmp_path, ["magrpo_kl", "madpo_history"])
+    for name in ("magrpo_kl", "madpo_history"):
+        _check(ranks, name)
+    ddp, fsdp = ranks[0]["magrpo_kl/ddp"], ranks[0]["magrpo_kl/fsdp2"]
+    assert fsdp["ref_type"] == "DTensor" and ddp["ref_type"] == "Parameter"
+    assert ranks[1]["magrpo_kl/ddp"]["ref_local"] == ddp["ref_numel"]  # DDP: every rank holds each reference whole
+    for r in (0, 1):
+        assert ranks[r]["magrpo_kl/fsdp2"]["ref_local"] == [n // 2 for n in fsdp["ref_numel"]], r
+        for ref, initial in zip(ranks[r]["magrpo_kl/fsdp2"]["ref_weights"], fsdp["agents_initial"]):
+            assert torch.equal(ref, initial)  # frozen: the initial policy
+        assert ranks[r]["magrpo_kl/fsdp2"]["kl_max"] > 0  # the agents moved away from it within the fit
+        torch.testing.assert_close(ranks[r]["magrpo_kl/fsdp2"]["kl_sum"], ranks[r]["magrpo_kl/ddp"]["kl_sum"],
+                                   rtol=1e-5, atol=1e-6)
+
+    folders = {run: tmp_path / f"snapshots_{run}" for run in ("ddp", "fsdp2")}
+    files = {run: sorted(p.relative_to(d) for p in d.rglob("*.safetensors")) for run, d in folders.items()}
+    assert files["ddp"] == files["fsdp2"]
+    assert {f.parts[0] for f in files["ddp"]} == {"initial", "iteration_0000", "iteration_0001"}, files["ddp"]
+    for f in files["ddp"]:
+        a, b = (load_file(folders[run] / f) for run in ("ddp", "fsdp2"))
+        assert a.keys() == b.keys(), f
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-5, msg=f"{f} {k}")
+    for folder in (folders["fsdp2"] / "iteration_0000").iterdir():  # ordinary from_pretrained folders
+        assert '"Qwen2ForCausalLM"' in (folder / "config.json").read_text()
+
+
 def _check_lora(ranks, tiny_model_dir, tmp_path):
     """2 LoRA agents on one frozen base: the base is sharded once (half per rank) and stays frozen, each adapter (its
     own optimizer) is sharded and ends equal to strategy="ddp"; save_team wrote peft folders of the trained adapters."""
@@ -201,6 +237,24 @@ def test_every_team_module_implements_configure_model():
 
     assert strategy_refusal(__import__("lightning.pytorch.strategies", fromlist=["x"]).ModelParallelStrategy(),
                             TeamModuleBase.__new__(TeamModuleBase)) is None
+
+
+def test_references_are_frozen_members_and_their_devices_are_the_meshs():
+    """The references to shard are the distinct frozen copies (a LoRA agent's reference, the base with its adapter
+    off, has none); reference_devices under ModelParallelStrategy is refused naming the option and its value."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from comlrl_lightning.sharding import frozen_members, shard_team
+
+    shared, lora = torch.nn.Linear(2, 2), None
+    module = SimpleNamespace(reference=SimpleNamespace(models=[shared, shared, lora]),
+                             _trainer=SimpleNamespace(strategy=ModelParallelStrategy()),
+                             args=SimpleNamespace(parallel_training="none", generation_backend="hf",
+                                                  reference_devices="cuda:1"))
+    assert frozen_members(module) == [shared]
+    assert frozen_members(SimpleNamespace(reference=None)) == []
+    with pytest.raises(ValueError, match=r"reference_devices='cuda:1' with ModelParallelStrategy"):
+        shard_team(module)
 
 
 def test_shard_units_are_the_decoder_layers(tiny_model_dir):
