@@ -5,7 +5,7 @@ Usage: ``fsdp_strategy_script.py OUT MODEL FIT [FIT ...]``, FIT among ``magrpo``
 ``madpo``, ``madpo_odd`` (3 items, one per generate call), ``madpo_iter``, ``madpo_history`` (MADPOIter against
 the policy one round back), ``marlhf``, ``magrpo_kl`` (2-turn MAGRPO with the reference KL: the frozen references
 are sharded too; the record adds the references' whole weights, this rank's element count of each and the largest
-KL the rollouts measured). Each FIT is trained twice in the same two processes from the same seed: with ``strategy="ddp"`` (the
+KL the rollouts measured), ``iac_kl`` (IAC with the reference KL). Each FIT is trained twice in the same two processes from the same seed: with ``strategy="ddp"`` (the
 reference), then with ``ModelParallelStrategy()`` (every agent and critic sharded by the module's
 ``configure_model``). Each rank writes ``OUT/rank{r}.pt``: per fit and run, every trained member's parameters (agents,
 then critics; a LoRA fit adds its frozen base last) before and after the fit, gathered whole and flattened in
@@ -44,12 +44,13 @@ def build(name: str, strategy, run: str):
         args = MAGRPOConfig(num_turns=2, num_generations=2, train_batch_size=2, rollout_buffer_size=2, **sampling)
         lora = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]} if name == "magrpo_lora" else None
         return MAGRPOTrainer(args=args, external_transition=plain_transition, trainer_kwargs=tk, lora=lora, **common)
-    if name in ("iac", "maac"):  # separate critics (IAC) and one shared critic (MAAC), their own optimizers
+    if name in ("iac", "maac", "iac_kl"):  # separate critics (IAC) and one shared critic (MAAC), own optimizers
         from comlrl_lightning.trainers.actor_critic import IACTrainer, MAACTrainer
 
-        config, trainer = (IACConfig, IACTrainer) if name == "iac" else (MAACConfig, MAACTrainer)
-        args = config(num_generations=2, rollout_buffer_size=2, train_batch_size=2, critic_learning_rate=1e-2,
-                      **sampling)
+        config, trainer = (MAACConfig, MAACTrainer) if name == "maac" else (IACConfig, IACTrainer)
+        kl = dict(reference_kl_enabled=True, reference_kl_coef=0.5, train_batch_size=1) if name == "iac_kl" else {}
+        args = config(**{"num_generations": 2, "rollout_buffer_size": 2, "train_batch_size": 2,
+                         "critic_learning_rate": 1e-2, **kl, **sampling})
         return trainer(args=args, trainer_kwargs=tk, **common)
     if name == "magrpo_kl":  # 1 item per batch: the second batch samples from updated agents, so the KL is > 0
         from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
@@ -122,14 +123,15 @@ for name in names:
         tr = build(name, "ddp" if run == "ddp" else ModelParallelStrategy(), run)
         initial = [whole(ps) for ps in trained(tr)]
         kls = []
-        if getattr(tr.module, "reference", None) is not None:
-            measure = tr.module._sequence_kls  # every KL the rollouts measure against the references
+        if getattr(tr.module, "reference", None) is not None:  # every KL the rollouts measure against the references
+            method = "_sequence_kls" if hasattr(tr.module, "_sequence_kls") else "_turn_kls"  # MAGRPO / IAC, MAAC
+            measure = getattr(tr.module, method)
 
             def recorded(*a, measure=measure, kls=kls, **k):
                 out = measure(*a, **k)
                 kls.extend(v for row in out for v in row)
                 return out
-            tr.module._sequence_kls = recorded
+            setattr(tr.module, method, recorded)
         tr.train()
         rank, members = tr.trainer.global_rank, trained(tr)
         if run == "fsdp2" and tr.team.uses_lora:  # every rank gathers, rank 0 writes the adapters

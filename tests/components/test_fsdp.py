@@ -32,7 +32,7 @@ def _check(ranks, name):
     ddp, fsdp = ranks[0][f"{name}/ddp"], ranks[0][f"{name}/fsdp2"]
     assert fsdp["world"] == 2 and fsdp["global_step"] == ddp["global_step"] > 0
     assert fsdp["param_type"] == "DTensor" and ddp["param_type"] == "Parameter"
-    assert len(fsdp["weights"]) == len(ddp["weights"]) == MEMBERS.get(name, 2)
+    assert len(fsdp["weights"]) == len(ddp["weights"]) == MEMBERS.get(name.removesuffix("_kl"), 2)
     local = [ranks[r][f"{name}/fsdp2"]["local"] for r in (0, 1)]
     numel, total = fsdp["numel"], sum(fsdp["numel"])
     for m, n in enumerate(numel):  # every member split between the ranks (DDP: each rank holds it whole)
@@ -85,26 +85,27 @@ def test_fsdp2_exports_critics_and_balances_uneven_collections(tiny_model_dir, t
 
 @pytest.mark.slow
 def test_fsdp2_shards_references_and_writes_history_snapshots(tiny_model_dir, tmp_path):
-    """On 2 gloo processes: 2-turn MAGRPO with the reference KL (coefficient 0.5) under FSDP2 shards the frozen
+    """On 2 gloo processes: 2-turn MAGRPO and IAC with the reference KL (coefficient 0.5) under FSDP2 shard the frozen
     references too (DTensors, half of each per rank, still the initial agents), measures the KLs of strategy="ddp"
     (> 0 once the agents moved) and ends with its weights; MADPOIter against the history comparator (2 rounds)
     gathers each snapshot on every rank, rank 0 writes the folders DDP writes (same files, same weights), and the
     run equals strategy="ddp"."""
     from safetensors.torch import load_file
 
-    ranks = _fit_both(tiny_model_dir, tmp_path, ["magrpo_kl", "madpo_history"])
-    for name in ("magrpo_kl", "madpo_history"):
+    ranks = _fit_both(tiny_model_dir, tmp_path, ["magrpo_kl", "iac_kl", "madpo_history"])
+    for name in ("magrpo_kl", "iac_kl", "madpo_history"):
         _check(ranks, name)
-    ddp, fsdp = ranks[0]["magrpo_kl/ddp"], ranks[0]["magrpo_kl/fsdp2"]
-    assert fsdp["ref_type"] == "DTensor" and ddp["ref_type"] == "Parameter"
-    assert ranks[1]["magrpo_kl/ddp"]["ref_local"] == ddp["ref_numel"]  # DDP: every rank holds each reference whole
-    for r in (0, 1):
-        assert ranks[r]["magrpo_kl/fsdp2"]["ref_local"] == [n // 2 for n in fsdp["ref_numel"]], r
-        for ref, initial in zip(ranks[r]["magrpo_kl/fsdp2"]["ref_weights"], fsdp["agents_initial"]):
-            assert torch.equal(ref, initial)  # frozen: the initial policy
-        assert ranks[r]["magrpo_kl/fsdp2"]["kl_max"] > 0  # the agents moved away from it within the fit
-        torch.testing.assert_close(ranks[r]["magrpo_kl/fsdp2"]["kl_sum"], ranks[r]["magrpo_kl/ddp"]["kl_sum"],
-                                   rtol=1e-5, atol=1e-6)
+    for name in ("magrpo_kl", "iac_kl"):
+        ddp, fsdp = ranks[0][f"{name}/ddp"], ranks[0][f"{name}/fsdp2"]
+        assert fsdp["ref_type"] == "DTensor" and ddp["ref_type"] == "Parameter", name
+        assert ranks[1][f"{name}/ddp"]["ref_local"] == ddp["ref_numel"]  # DDP: each rank holds every reference whole
+        for r in (0, 1):
+            assert ranks[r][f"{name}/fsdp2"]["ref_local"] == [n // 2 for n in fsdp["ref_numel"]], (name, r)
+            for ref, initial in zip(ranks[r][f"{name}/fsdp2"]["ref_weights"], fsdp["agents_initial"]):
+                assert torch.equal(ref, initial), name  # frozen: the initial policy
+            assert ranks[r][f"{name}/fsdp2"]["kl_max"] > 0, name  # the agents moved away from it within the fit
+            torch.testing.assert_close(ranks[r][f"{name}/fsdp2"]["kl_sum"], ranks[r][f"{name}/ddp"]["kl_sum"],
+                                       rtol=1e-5, atol=1e-6, msg=name)
 
     folders = {run: tmp_path / f"snapshots_{run}" for run in ("ddp", "fsdp2")}
     files = {run: sorted(p.relative_to(d) for p in d.rglob("*.safetensors")) for run, d in folders.items()}
