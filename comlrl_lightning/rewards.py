@@ -236,16 +236,50 @@ class RewardOracle:
         return processed, raw
 
 
+class RewardShift:
+    """A ``reward_processor`` that adds a constant: ``x -> x + value`` (CoMLRL's ``reward_processor: {shift: v}``).
+
+    A class rather than a lambda so that YAML can name it (``class_path: comlrl_lightning.rewards.RewardShift``,
+    ``init_args: {value: -4}``) and processes can pickle it."""
+
+    def __init__(self, value: float) -> None:
+        self.value = float(value)
+        if not math.isfinite(self.value):
+            raise ValueError(f"RewardShift(value={value!r}): expected a finite number.")
+
+    def __call__(self, x: float) -> float:
+        return x + self.value
+
+    def __repr__(self) -> str:
+        return f"RewardShift(value={self.value!r})"
+
+
+class RewardScale:
+    """A ``reward_processor`` that multiplies: ``x -> x * factor`` (CoMLRL's ``reward_processor: {scale: f}``);
+    named in YAML like :class:`RewardShift` (``init_args: {factor: 0.5}``)."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = float(factor)
+        if not math.isfinite(self.factor):
+            raise ValueError(f"RewardScale(factor={factor!r}): expected a finite number.")
+
+    def __call__(self, x: float) -> float:
+        return x * self.factor
+
+    def __repr__(self) -> str:
+        return f"RewardScale(factor={self.factor!r})"
+
+
 class RewardProcessors:
-    """Small helpers for ``reward_processor``: ``scale(f)`` → x·f, ``shift(v)`` → x+v."""
+    """Small helpers for ``reward_processor`` (CoMLRL's names): ``scale(f)`` → x·f, ``shift(v)`` → x+v."""
 
     @staticmethod
-    def scale(factor: float) -> Callable[[float], float]:
-        return lambda x: x * factor
+    def scale(factor: float) -> RewardScale:
+        return RewardScale(factor)
 
     @staticmethod
-    def shift(value: float) -> Callable[[float], float]:
-        return lambda x: x + value
+    def shift(value: float) -> RewardShift:
+        return RewardShift(value)
 
 
 def set_reward_range(fn: Callable, lo: float, hi: float) -> Callable:

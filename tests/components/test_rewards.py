@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Callable
 import math
 
 import pytest
@@ -304,3 +305,23 @@ def test_reward_returning_none_is_called_once():
     with pytest.raises(RewardError, match="task item 3"):
         RewardOracle(reward).score(["p"], ["x", "y"], {}, 3)
     assert len(calls) == 1
+
+
+def test_reward_shift_and_scale_are_named_by_yaml_and_pickle():
+    """CoMLRL's reward_processor {shift: v} / {scale: f} as classes: YAML instantiates them by class_path (the code
+    configs use RewardShift(-4)), they pickle for spawned processes, and a non-finite value is refused by name."""
+    import pickle
+
+    from jsonargparse import ArgumentParser
+
+    from comlrl_lightning.rewards import RewardScale, RewardShift
+
+    p = ArgumentParser()
+    p.add_argument("--rp", type=Callable | str | None, default=None)
+    cfg = p.parse_args(['--rp={"class_path": "comlrl_lightning.rewards.RewardShift", "init_args": {"value": -4}}'])
+    shift = p.instantiate(cfg).rp
+    assert isinstance(shift, RewardShift) and shift(4.0) == 0.0 and shift(1.5) == -2.5
+    assert pickle.loads(pickle.dumps(RewardScale(0.5)))(3.0) == 1.5
+    assert isinstance(RewardProcessors.shift(1), RewardShift) and isinstance(RewardProcessors.scale(2), RewardScale)
+    with pytest.raises(ValueError, match=r"RewardShift\(value=nan\)"):
+        RewardShift(float("nan"))
