@@ -15,7 +15,8 @@ Jobs (same options on both sides; every option both configs have is copied from 
 
   magrpo  1-turn MAGRPO, G = 4, an AdamW step per item (``rollout_buffer_size=1``), 1 epoch.
   madpo   offline MADPO: 6 joint candidates per item from the initial policy, the 3 largest-gap pairs per item,
-          2 DPO epochs over them in batches of 8.
+          2 DPO epochs over them in batches of 8. Both libraries get the tokenizer copy of ``comlrl_tokenizer``
+          (pad ``<|endoftext|>``): the pad token decides which completion tokens MADPO scores.
 
 Prompts are built here, explicitly, with the model's chat template (``chat_prompt`` around
 ``writing.FORMATTERS``), and the same prompt strings go to both libraries. CoMLRL gets two peft models (one
@@ -173,8 +174,13 @@ def ours_trainer(method: str, folder: str, tokenizer, items: list, seed: int, lr
     from comlrl_lightning.config import MADPOConfig
     from comlrl_lightning.trainers.preference import MADPOTrainer
 
-    return MADPOTrainer(agent_model=folder, lora=LORA, train_dataset=items, reward_func=writing_reward,
-                        formatters=formatters_for(tokenizer), args=MADPOConfig(**opts), trainer_kwargs=kw)
+    # CoMLRL's pad token here (see comlrl_tokenizer): MADPO scores a completion cut at its first pad, minus its last
+    # token (docs/decisions.md, decision 3), so the pad token decides which tokens the DPO loss sees; with the same
+    # pad both libraries score the same tokens (the content tokens; the EOS is dropped) and compute the same
+    # gradients (checked on the same pairs and adapters: relative difference < 1e-4)
+    return MADPOTrainer(agent_model=folder, tokenizer=comlrl_tokenizer(tokenizer), lora=LORA, train_dataset=items,
+                        reward_func=writing_reward, formatters=formatters_for(tokenizer), args=MADPOConfig(**opts),
+                        trainer_kwargs=kw)
 
 
 def comlrl_trainer(method: str, ours, folder: str, tokenizer, items: list):
