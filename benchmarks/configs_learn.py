@@ -33,6 +33,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -97,11 +98,14 @@ def read_metric(out: Path, metric: str) -> list[float]:
 def run_config(name: str, seed: int, workdir: str | Path) -> dict:
     """Run ``configs/<name>.yaml`` through the CLI on ``seed`` (one subprocess per CLI call) under ``workdir``.
 
-    Returns ``{"config", "seed", "metric", "before", "after", "gain", "seconds"}``."""
+    Returns ``{"config", "seed", "metric", "before", "after", "gain", "seconds"}``. An earlier run's folder for the
+    same config and seed under ``workdir`` is removed first."""
     if name not in MARGINS:
         raise ValueError(f"config={name!r} is not a learning config; allowed: {', '.join(MARGINS)}")
     work = Path(workdir) / f"{name.replace('/', '_')}_seed{seed}"
-    work.mkdir(parents=True, exist_ok=True)
+    if work.exists():  # a kept workdir's earlier run: its metrics.csv files would be read with this run's
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
     metric = _metric(name)
     env_log = work / "run.log"
     t0 = time.perf_counter()
