@@ -1,6 +1,7 @@
 """The quick-start notebook runs top to bottom on the embedded default, and its committed outputs are what a fresh
 run prints (so the numbers it shows cannot go stale). Regenerate them with ``python tests/test_notebook.py``."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -35,6 +36,38 @@ def results(nb) -> list[list[str]]:
     return cells
 
 
+FLOAT = re.compile(r"-?\d+\.\d+")
+# how far a printed decimal of a fresh run may lie from the committed one: the numbers after training move with the
+# CPU's float rounding and thread count (README's Quick start states the same for the default job)
+TOLERANCE = 0.08
+
+
+def differences(fresh: list[list[str]], committed: list[list[str]]) -> list[str]:
+    """Lines of ``fresh`` that differ from ``committed`` beyond float rounding: the text around the decimals and
+    every whole number must be equal, each decimal within ``TOLERANCE``."""
+    out = []
+    if len(fresh) != len(committed):
+        return [f"{len(fresh)} code cells printed, {len(committed)} committed"]
+    for i, (a, b) in enumerate(zip(fresh, committed)):
+        if len(a) != len(b):
+            out.append(f"cell {i}: {len(a)} lines, {len(b)} committed")
+            continue
+        for la, lb in zip(a, b):
+            fa, fb = [float(x) for x in FLOAT.findall(la)], [float(x) for x in FLOAT.findall(lb)]
+            if FLOAT.sub("#", la) != FLOAT.sub("#", lb) or len(fa) != len(fb) or any(
+                    abs(x - y) > TOLERANCE for x, y in zip(fa, fb)):
+                out.append(f"cell {i}: {la!r} (committed: {lb!r})")
+    return out
+
+
+def test_differences_allow_float_rounding_only():
+    committed = [["24 pairs from 8 items, mean reward 0.907"], ["per evaluation: [0.93, 1.046]"]]
+    assert differences([["24 pairs from 8 items, mean reward 0.91"], ["per evaluation: [0.93, 1.01]"]], committed) == []
+    assert differences([["25 pairs from 8 items, mean reward 0.907"], ["per evaluation: [0.93, 1.046]"]], committed)
+    assert differences([["24 pairs from 8 items, mean reward 0.907"], ["per evaluation: [0.93, 1.2]"]], committed)
+    assert differences([["24 pairs from 8 items, mean reward 0.907"]], committed)
+
+
 @pytest.mark.slow
 def test_quickstart_notebook_executes_and_prints_its_committed_outputs(tmp_path):
     import nbformat
@@ -45,7 +78,8 @@ def test_quickstart_notebook_executes_and_prints_its_committed_outputs(tmp_path)
     assert "task reward (eval/reward_mean) per evaluation" in outputs
     assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     committed = nbformat.read(NOTEBOOK, as_version=4)
-    assert results(nb) == results(committed), "the committed outputs are stale: run python tests/test_notebook.py"
+    stale = differences(results(nb), results(committed))
+    assert not stale, "the committed outputs are stale (run python tests/test_notebook.py):\n" + "\n".join(stale)
 
 
 def test_committed_notebook_shows_a_training_run_and_a_plot():
