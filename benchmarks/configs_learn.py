@@ -52,7 +52,7 @@ MARGINS: dict[str, float] = {
     "madpo/iterative_tiny": 0.05,
     "magrpo/tiny": 0.3,
     "magrpo/multiturn_tiny": 0.1,
-    "magrpo/multiturn_cross_tiny": 0.05,
+    "magrpo/multiturn_cross_tiny": 0.1,
     "magrpo/centralized_tiny": 0.1,
     "iac/tiny": 0.05,
     "maac/tiny": 0.1,
