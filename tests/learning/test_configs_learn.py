@@ -17,8 +17,8 @@ _spec = importlib.util.spec_from_file_location(
 configs_learn = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(configs_learn)
 
-# the cheapest learning configs (about 10-20 s per seed on an idle 2-core machine)
-CHEAP = ["reward_model/tiny"]
+# the cheapest learning configs (benchmarks/README.md, "configs_learn.py", column s / run)
+CHEAP = ["reward_model/tiny", "magrpo/tiny", "marlhf/tiny"]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
