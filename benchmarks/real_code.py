@@ -12,7 +12,14 @@ scored by the code environment's reward in the sandbox (``code_rewards``; bubble
 
 Printed per seed: the pass rate (all tests of a problem pass), the mean level reward (0..4, envs/code/rewards.py),
 the share of main completions that define the entry point, and the wall time and generated tokens.
-Training (2-turn MAGRPO, level_feedback) on this tier is not in this script yet (benchmarks/README.md).
+
+``--train``: 2-turn MAGRPO with ``level_feedback`` (aux/main, in the sandbox) on the first ``--train-problems``
+easy problems, two LoRA agents (r 8, alpha 16, q/k/v/o) on one frozen base; before and after training, the
+turn-1 pass rate and level reward on the last ``--held-out`` problems (``--eval-samples`` joint samples each,
+fixed sampling streams at temperature 1, so "before" is the initial policy's figure on those problems). Turn-2
+prompts are the transition's feedback prompts, wrapped in the chat template like turn 1.
+
+    python benchmarks/real_code.py --train --seeds 0                 # 16 train / 8 held-out problems, G = 4
 """
 
 from __future__ import annotations
@@ -35,9 +42,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=96, help="completion budget per agent (default 96)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--train", action="store_true", help="2-turn MAGRPO with level_feedback, held-out before/after")
+    p.add_argument("--train-problems", type=int, default=16, help="--train: the first N problems train (default 16)")
+    p.add_argument("--held-out", type=int, default=8, help="--train: the last N problems are held out (default 8)")
+    p.add_argument("--generations", type=int, default=4, help="--train: G per node (default 4)")
+    p.add_argument("--lr", type=float, default=1e-3, help="--train: agent learning rate (default 1e-3)")
+    p.add_argument("--eval-samples", type=int, default=4, help="--train: joint samples per held-out problem")
+    p.add_argument("--log-dir", default=None, help="--train: a CSVLogger folder (metrics.csv per seed, for "
+                                                    "`comlrl-lightning report`); default: no logger")
     args = p.parse_args(argv)
     if args.samples < 1 or not 1 <= args.problems <= 24:
         p.error(f"--samples must be >= 1 and --problems in 1..24; got {args.samples}, {args.problems}")
+    if args.train and (args.held_out < 1 or not 1 <= args.train_problems <= args.problems - args.held_out):
+        p.error(f"--held-out must be >= 1 and --train-problems in 1..--problems minus --held-out "
+                f"({args.problems} - {args.held_out}); got {args.held_out}, {args.train_problems}")
+    if args.generations < 2 or args.eval_samples < 1:
+        p.error(f"--generations must be >= 2 and --eval-samples >= 1; got {args.generations}, {args.eval_samples}")
     return args
 
 
@@ -79,8 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     folder = resolve_gguf(PACKAGED)
     tok = load_tokenizer(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder).eval()
     items = [dict(r) for r in load_code_problems(EASY_PROBLEMS)][:args.problems]
+    if args.train:
+        return train(args, folder, tok, items)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
     rows = []
     for seed in args.seeds:
         t0 = time.perf_counter()
@@ -112,6 +134,98 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['tokens']:8d}")
     print(f"{'mean':>5s}{statistics.mean(r['pass_rate'] for r in rows):11.3f}"
           f"{statistics.mean(r['level'] for r in rows):8.3f}")
+    return 0
+
+
+def score(texts0: list[str], texts1: list[str], items: list[dict], n: int) -> dict:
+    """Pass rate (every test passes) and mean level reward of ``n`` joint samples per item (item-major)."""
+    import statistics
+
+    from comlrl_lightning.envs.code import code_rewards
+
+    paths = [it for it in items for _ in range(n)]
+    scores = code_rewards(texts0, texts1, paths, timeout_s=5.0)
+    passed = [b.total_tests > 0 and b.passed == b.total_tests for b in scores]
+    return {"pass_rate": sum(passed) / len(passed), "level": statistics.mean(b.total for b in scores)}
+
+
+def evaluate_turn1(team, tok, items: list[dict], n: int, max_new_tokens: int, temperature: float) -> dict:
+    """Turn-1 pass rate and level reward of the team on ``items``, fixed sampling streams (seed 777 + agent)."""
+    from comlrl_lightning.data.sources import chat_prompt
+    from comlrl_lightning.envs.code import FORMATTERS
+
+    texts, tokens = [], 0
+    for a, fmt in enumerate(FORMATTERS):
+        with team.activate(a) as model:
+            model.eval()
+            got, k = sample(model, tok, [chat_prompt(tok, fmt(it)) for it in items], n, max_new_tokens,
+                            temperature, 777 + a)
+        texts.append(got)
+        tokens += k
+    return {**score(texts[0], texts[1], items, n), "tokens": tokens}
+
+
+def train(args, folder: str, tok, items: list[dict]) -> int:
+    """2-turn MAGRPO with level_feedback on the first ``args.train_problems`` items; held-out before/after."""
+    import time
+
+    from comlrl_lightning.config import MAGRPOConfig
+    from comlrl_lightning.data.sources import chat_prompt
+    from comlrl_lightning.envs.code import FORMATTERS, make_code_reward_func, make_code_transition
+    from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from real_writing import LORA, Counts, counting
+
+    def wrap(f):
+        return lambda item, external_prompts=None: chat_prompt(tok, f(item, external_prompts))
+
+    train_items, held_out = items[:args.train_problems], items[-args.held_out:]
+    print(f"train {len(train_items)} problems, held out {len(held_out)}: {[it['entry_point'] for it in held_out]}")
+    rows = []
+    for seed in args.seeds:
+        opts = dict(num_agents=2, num_turns=2, num_generations=args.generations, joint_mode="aligned",
+                    num_train_epochs=1, agent_learning_rate=args.lr, max_new_tokens=args.max_new_tokens,
+                    temperature=args.temperature, top_p=1.0, top_k=None, rollout_buffer_size=1, logging_steps=1,
+                    eval_interval=0, eval_num_samples=0, seed=seed)
+        logger = False
+        if args.log_dir:
+            from lightning.pytorch.loggers import CSVLogger
+
+            logger = CSVLogger(args.log_dir, name=f"seed_{seed}")
+        kw = dict(accelerator="cpu", devices=1, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1)
+        trainer = MAGRPOTrainer(agent_model=folder, lora=LORA, train_dataset=train_items,
+                                reward_func=make_code_reward_func(timeout_s=5.0),
+                                formatters=[wrap(f) for f in FORMATTERS],
+                                external_transition=make_code_transition("level_feedback", sandbox_slice=1,
+                                                                         timeout_s=5.0),
+                                args=MAGRPOConfig(**opts), trainer_kwargs=kw)
+        before = evaluate_turn1(trainer.team, tok, held_out, args.eval_samples, args.max_new_tokens,
+                                args.temperature)
+        print(f"seed {seed} before: {before}", flush=True)
+        counts = Counts()
+        load = os.getloadavg()[0]
+        with counting(counts, {tok.eos_token_id, tok.pad_token_id}):
+            t0 = time.perf_counter()
+            trainer.train()
+            wall = time.perf_counter() - t0
+        after = evaluate_turn1(trainer.team, tok, held_out, args.eval_samples, args.max_new_tokens,
+                               args.temperature)
+        rows.append(dict(seed=seed, before=before, after=after, wall=wall, tokens=counts.tokens,
+                         steps=counts.opt_steps, load=load))
+        print(f"seed {seed} after: {after}, wall {wall:.0f} s, tokens {counts.tokens}, opt steps "
+              f"{counts.opt_steps}, load before {load:.2f}", flush=True)
+        del trainer
+    print(f"\n2-turn MAGRPO, level_feedback, G = {args.generations}, lr {args.lr:g}, {len(train_items)} train "
+          f"problems; held out: {len(held_out)} x {args.eval_samples} turn-1 joint samples, temperature "
+          f"{args.temperature:g}")
+    print(f"{'seed':>5s}{'pass before':>13s}{'pass after':>12s}{'level before':>14s}{'level after':>13s}"
+          f"{'wall s':>8s}{'tokens':>8s}{'steps':>7s}")
+    for r in rows:
+        print(f"{r['seed']:5d}{r['before']['pass_rate']:13.3f}{r['after']['pass_rate']:12.3f}"
+              f"{r['before']['level']:14.3f}{r['after']['level']:13.3f}{r['wall']:8.0f}{r['tokens']:8d}"
+              f"{r['steps']:7d}")
     return 0
 
 
