@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Callable
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
