@@ -7,6 +7,7 @@ Engine start takes 45-95 s here, so these tests are few and share what they can.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -151,7 +152,11 @@ def test_engine_tokens_equal_the_trained_hf_model_after_every_sync(vllm_model_di
         # sampling is reproducible from the stream, and rows of one call are not copies of each other
         settings = SamplingSettings(max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=None)
         x = engine.sample(0, PROMPTS, 3, settings, SamplingStream(7))
-        assert x == engine.sample(0, PROMPTS, 3, settings, SamplingStream(7))
+        y = engine.sample(0, PROMPTS, 3, settings, SamplingStream(7))
+        # the same tokens; vLLM's CPU kernels may round the reported log-probs differently from call to call
+        assert dataclasses.replace(x, logprobs=None) == dataclasses.replace(y, logprobs=None)
+        flat_x, flat_y = ([v for row in s.logprobs for c in row for v in c] for s in (x, y))
+        assert len(flat_x) == len(flat_y) and max(abs(a - b) for a, b in zip(flat_x, flat_y)) < 1e-3
         assert len({tuple(c) for row in x.completion_ids for c in row}) > 1
         if layout == "full":  # engine death: the next call names the engine
             import psutil
