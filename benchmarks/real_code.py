@@ -20,6 +20,16 @@ fixed sampling streams at temperature 1, so "before" is the initial policy's fig
 prompts are the transition's feedback prompts, wrapped in the chat template like turn 1.
 
     python benchmarks/real_code.py --train --seeds 0                 # 16 train / 8 held-out problems, G = 4
+
+``--libs comlrl`` (run with ``.venv-bench/bin/python``, which has ``comlrl==1.4.3``; ``bash
+benchmarks/make_bench_env.sh`` builds it): the same job in CoMLRL 1.4.3's ``MAGRPOTrainer``: two peft agents with
+the same LoRA on the same cached HF folder, every shared option copied from ours, the same reward function, the same
+chat-wrapped formatters and the same ``level_feedback`` transition object (``envs.code.make_code_transition`` takes
+CoMLRL's transition call, keyword for keyword; the comlrl package ships no code transition of its own, so ours is
+given to it, with the training problems registered). After training, CoMLRL's adapters are loaded into our team and
+scored by the same held-out evaluation.
+
+    .venv-bench/bin/python benchmarks/real_code.py --train --seeds 0 --libs comlrl --train-problems 12
 """
 
 from __future__ import annotations
@@ -48,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--generations", type=int, default=4, help="--train: G per node (default 4)")
     p.add_argument("--lr", type=float, default=1e-3, help="--train: agent learning rate (default 1e-3)")
     p.add_argument("--eval-samples", type=int, default=4, help="--train: joint samples per held-out problem")
+    p.add_argument("--libs", nargs="+", default=["ours"], choices=["ours", "comlrl"],
+                   help="--train: which libraries train, per seed in this order (default ours)")
+    p.add_argument("--json", default=None, help="--train: append one JSON line per run to this file")
     p.add_argument("--log-dir", default=None, help="--train: a CSVLogger folder (metrics.csv per seed, for "
                                                     "`comlrl-lightning report`); default: no logger")
     args = p.parse_args(argv)
@@ -169,61 +182,102 @@ def train(args, folder: str, tok, items: list[dict]) -> int:
     """2-turn MAGRPO with level_feedback on the first ``args.train_problems`` items; held-out before/after."""
     import time
 
+    import torch
+
     from comlrl_lightning.config import MAGRPOConfig
     from comlrl_lightning.data.sources import chat_prompt
     from comlrl_lightning.envs.code import FORMATTERS, make_code_reward_func, make_code_transition
     from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from real_writing import LORA, Counts, counting
+    from real_writing import LORA, Counts, comlrl_tokenizer, comlrl_trainer, counting, load_comlrl_adapters
 
     def wrap(f):
         return lambda item, external_prompts=None: chat_prompt(tok, f(item, external_prompts))
 
     train_items, held_out = items[:args.train_problems], items[-args.held_out:]
     print(f"train {len(train_items)} problems, held out {len(held_out)}: {[it['entry_point'] for it in held_out]}")
-    rows = []
-    for seed in args.seeds:
-        opts = dict(num_agents=2, num_turns=2, num_generations=args.generations, joint_mode="aligned",
-                    num_train_epochs=1, agent_learning_rate=args.lr, max_new_tokens=args.max_new_tokens,
-                    temperature=args.temperature, top_p=1.0, top_k=None, rollout_buffer_size=1, logging_steps=1,
-                    eval_interval=0, eval_num_samples=0, seed=seed)
-        logger = False
-        if args.log_dir:
-            from lightning.pytorch.loggers import CSVLogger
+    if "comlrl" in args.libs:
+        import importlib.util
 
-            logger = CSVLogger(args.log_dir, name=f"seed_{seed}")
-        kw = dict(accelerator="cpu", devices=1, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
-                  enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1)
-        trainer = MAGRPOTrainer(agent_model=folder, lora=LORA, train_dataset=train_items,
-                                reward_func=make_code_reward_func(timeout_s=5.0),
-                                formatters=[wrap(f) for f in FORMATTERS],
-                                external_transition=make_code_transition("level_feedback", sandbox_slice=1,
-                                                                         timeout_s=5.0),
-                                args=MAGRPOConfig(**opts), trainer_kwargs=kw)
-        before = evaluate_turn1(trainer.team, tok, held_out, args.eval_samples, args.max_new_tokens,
-                                args.temperature)
-        print(f"seed {seed} before: {before}", flush=True)
-        counts = Counts()
-        load = os.getloadavg()[0]
-        with counting(counts, {tok.eos_token_id, tok.pad_token_id}):
-            t0 = time.perf_counter()
-            trainer.train()
-            wall = time.perf_counter() - t0
-        after = evaluate_turn1(trainer.team, tok, held_out, args.eval_samples, args.max_new_tokens,
-                               args.temperature)
-        rows.append(dict(seed=seed, before=before, after=after, wall=wall, tokens=counts.tokens,
-                         steps=counts.opt_steps, load=load))
-        print(f"seed {seed} after: {after}, wall {wall:.0f} s, tokens {counts.tokens}, opt steps "
-              f"{counts.opt_steps}, load before {load:.2f}", flush=True)
-        del trainer
+        if importlib.util.find_spec("comlrl") is None:
+            raise SystemExit("--libs comlrl needs comlrl==1.4.3: bash benchmarks/make_bench_env.sh, then run with "
+                             ".venv-bench/bin/python")
+    formatters = [wrap(f) for f in FORMATTERS]
+    rows, before = [], None
+    for seed in args.seeds:
+        for lib in args.libs:
+            opts = dict(num_agents=2, num_turns=2, num_generations=args.generations, joint_mode="aligned",
+                        num_train_epochs=1, agent_learning_rate=args.lr, max_new_tokens=args.max_new_tokens,
+                        temperature=args.temperature, top_p=1.0, top_k=None, rollout_buffer_size=1,
+                        logging_steps=1, eval_interval=0, eval_num_samples=0, seed=seed)
+            logger = False
+            if args.log_dir and lib == "ours":
+                from lightning.pytorch.loggers import CSVLogger
+
+                logger = CSVLogger(args.log_dir, name=f"seed_{seed}")
+            kw = dict(accelerator="cpu", devices=1, logger=logger, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                      log_every_n_steps=1)
+            seen, code_reward = [], make_code_reward_func(timeout_s=5.0)
+
+            def reward(completions_agent0, completions_agent1, *, batch_items=None, _seen=seen, _f=code_reward):
+                """The code reward, recording every value (a check that the reward reaches either library)."""
+                out = _f(completions_agent0, completions_agent1, batch_items=batch_items)
+                _seen.extend(out)
+                return out
+
+            reward.reward_range = code_reward.reward_range
+            ours = MAGRPOTrainer(agent_model=folder, lora=LORA, train_dataset=train_items,
+                                 reward_func=reward, formatters=formatters,
+                                 external_transition=make_code_transition("level_feedback", sandbox_slice=1,
+                                                                          timeout_s=5.0),
+                                 args=MAGRPOConfig(**opts), trainer_kwargs=kw)
+            if before is None:  # LoRA starts as the identity and the streams are fixed: one "before" for all runs
+                before = evaluate_turn1(ours.team, tok, held_out, args.eval_samples, args.max_new_tokens,
+                                        args.temperature)
+                print(f"before: {before}", flush=True)
+            theirs = None
+            if lib == "comlrl":
+                theirs = comlrl_trainer(
+                    "magrpo", ours, folder, tok, train_items, reward_func=reward, formatters=formatters,
+                    external_transition=make_code_transition("level_feedback", problems=train_items,
+                                                             sandbox_slice=1, timeout_s=5.0))
+                torch.manual_seed(seed)
+            counts = Counts()
+            load = os.getloadavg()[0]
+            # CoMLRL's agents pad finished rows with its tokenizer copy's pad (``<|endoftext|>``), not the EOS
+            ends = {tok.eos_token_id, tok.pad_token_id} | ({comlrl_tokenizer(tok).pad_token_id} if theirs else set())
+            with counting(counts, ends):
+                t0 = time.perf_counter()
+                (theirs or ours).train()
+                wall = time.perf_counter() - t0
+            if theirs is not None:
+                load_comlrl_adapters(ours.team, theirs)
+                del theirs
+            after = evaluate_turn1(ours.team, tok, held_out, args.eval_samples, args.max_new_tokens,
+                                   args.temperature)
+            train_reward = statistics.mean(seen) if seen else float("nan")
+            row = dict(lib=lib, seed=seed, lr=args.lr, generations=args.generations, before=before, after=after,
+                       wall=wall, tokens=counts.tokens, steps=counts.opt_steps, load=load,
+                       train_reward=train_reward, rewards=len(seen))
+            rows.append(row)
+            if args.json:
+                import json
+
+                with open(args.json, "a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+            print(f"{lib} seed {seed} after: {after}, wall {wall:.0f} s, tokens {counts.tokens}, opt steps "
+                  f"{counts.opt_steps}, training reward {train_reward:.3f} over {len(seen)} joint samples, load "
+                  f"before {load:.2f}", flush=True)
+            del ours
     print(f"\n2-turn MAGRPO, level_feedback, G = {args.generations}, lr {args.lr:g}, {len(train_items)} train "
           f"problems; held out: {len(held_out)} x {args.eval_samples} turn-1 joint samples, temperature "
           f"{args.temperature:g}")
-    print(f"{'seed':>5s}{'pass before':>13s}{'pass after':>12s}{'level before':>14s}{'level after':>13s}"
-          f"{'wall s':>8s}{'tokens':>8s}{'steps':>7s}")
+    print(f"{'library':9s}{'seed':>5s}{'pass before':>13s}{'pass after':>12s}{'level before':>14s}"
+          f"{'level after':>13s}{'wall s':>8s}{'tokens':>8s}{'steps':>7s}")
     for r in rows:
-        print(f"{r['seed']:5d}{r['before']['pass_rate']:13.3f}{r['after']['pass_rate']:12.3f}"
+        print(f"{r['lib']:9s}{r['seed']:5d}{r['before']['pass_rate']:13.3f}{r['after']['pass_rate']:12.3f}"
               f"{r['before']['level']:14.3f}{r['after']['level']:13.3f}{r['wall']:8.0f}{r['tokens']:8d}"
               f"{r['steps']:7d}")
     return 0

@@ -188,8 +188,10 @@ def ours_trainer(method: str, folder: str, tokenizer, items: list, seed: int, lr
                         trainer_kwargs=kw)
 
 
-def comlrl_trainer(method: str, ours, folder: str, tokenizer, items: list):
-    """CoMLRL's trainer of the same job: two peft agents, every shared option copied from ours."""
+def comlrl_trainer(method: str, ours, folder: str, tokenizer, items: list, reward_func=None, formatters=None,
+                   **extra):
+    """CoMLRL's trainer of the same job: two peft agents, every shared option copied from ours. The reward and the
+    formatters default to the writing job's; ``extra`` (e.g. ``external_transition``) goes to CoMLRL's trainer."""
     from comlrl.trainers import MADPOConfig, MADPOTrainer, MAGRPOConfig, MAGRPOTrainer
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -207,7 +209,8 @@ def comlrl_trainer(method: str, ours, folder: str, tokenizer, items: list):
     for agent in agents:  # finished rows are padded with this id, and CoMLRL cuts completions at the first one
         agent.generation_config.pad_token_id = tokenizer.pad_token_id
     tr = trainer_cls(agents=agents, num_agents=2, tokenizer=tokenizer, train_dataset=list(items),
-                     reward_func=writing_reward, formatters=formatters_for(tokenizer), args=config_cls(**shared))
+                     reward_func=reward_func or writing_reward, formatters=formatters or formatters_for(tokenizer),
+                     args=config_cls(**shared), **extra)
     tr.verbose = False
     return tr
 
@@ -337,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
                 torch.manual_seed(seed)
             counts = Counts()
             load = os.getloadavg()[0]
-            with counting(counts, eos_ids):
+            # CoMLRL's agents pad finished rows with the tokenizer copy's pad (``comlrl_tokenizer``), not the EOS
+            ends = eos_ids | ({comlrl_tokenizer(tok).pad_token_id} if theirs is not None else set())
+            with counting(counts, ends):
                 t0 = time.perf_counter()
                 (theirs or ours).train()
                 wall = time.perf_counter() - t0
