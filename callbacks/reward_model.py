@@ -45,6 +45,7 @@ from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.protocols import RoundData, TaskSource, TeamModule, check_protocol
 from comlrl_lightning.reward_model import LearnedRewardOracle, support_clip_bound
 from comlrl_lightning.rounds import check_round_setup, next_round_at_epoch_end
+from comlrl_lightning.sharding import shard_reward_model
 
 
 def _inner_trainer_kwargs(device: torch.device, trainer: L.Trainer) -> dict[str, Any]:
@@ -190,6 +191,7 @@ class _RewardModelFitting(L.Callback):
         if best.best is not None:  # held-out accuracy of the weights kept (the best epoch)
             out["reward_model/val_accuracy"] = best.best
         self.clip_max = self._clip_bound(pl_module, model, pairs)
+        shard_reward_model(model, trainer)  # FSDP2 (ModelParallelStrategy): 1/W of the backbone per rank while scoring
         if self.clip_max is not None:
             out["reward_model/clip_max"] = self.clip_max
         self.history.append(out)

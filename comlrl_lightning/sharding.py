@@ -16,6 +16,8 @@ it after: :func:`shard_team` puts it around each sharded model's ``generate`` (o
 ranks must still call ``generate`` of an agent the same number of times, which the per-rank batches of equal size
 give).
 
+MARLHF's learned reward model is fitted whole on each rank, then sharded for scoring (:func:`shard_reward_model`).
+
 Checks (:func:`mesh_problem`): the strategy's mesh must be data-parallel only, and its sizes must multiply to the
 world size; ``"auto"`` sizes become ``(world size, 1)``.
 """
@@ -132,21 +134,29 @@ def gathered(module: nn.Module) -> Iterator[nn.Module]:
 
 
 def _gathered_generate(module: nn.Module, key: int, generate: Any, *args: Any, **kwargs: Any) -> Any:
-    from comlrl_lightning.distributed import announce_balanced
-
-    announce_balanced(key)  # a rank that has finished its share of a round joins this call (gather_round)
     # gathered whole, the forwards need no collective: transformers' per-token sync of FSDP models is off, so a
     # rank whose completions stop early neither waits for the others nor draws extra random numbers (as DDP)
     kwargs.setdefault("synced_gpus", False)
+    return _gathered_call(module, key, generate, *args, **kwargs)
+
+
+def _gathered_call(module: nn.Module, key: int, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` with ``module`` gathered whole for the call, announced as balanced collective
+    ``key`` first."""
+    from comlrl_lightning.distributed import announce_balanced
+
+    announce_balanced(key)  # a rank that has finished its share of a round joins this call (gather_round)
     with gathered(module):
-        return generate(*args, **kwargs)
+        return fn(*args, **kwargs)
 
 
 def _join_generate(ref: Any) -> None:
-    """Take part in another rank's ``generate`` of the member ``ref()`` without generating: gather it, free it."""
+    """Take part in another rank's gathered call (``generate``, a reward model's ``score``) of the member ``ref()``
+    without running it: gather it, free it."""
     module = ref()
     if module is None:
-        raise RuntimeError("Another rank generates with a sharded agent this rank no longer holds.")
+        raise RuntimeError("Another rank calls a sharded model (an agent's generate or a reward model's score) that "
+                           "this rank no longer holds.")
     with gathered(module):
         pass
 
@@ -202,8 +212,7 @@ def shard_team(module: Any) -> int:
     Refused (``ValueError``): ``parallel_training="mp"``, a non-HF ``generation_backend`` and ``reference_devices``
     with a reference to shard (the mesh places it)."""
     trainer = getattr(module, "_trainer", None)
-    strategy = getattr(trainer, "strategy", None) if trainer is not None else None
-    if strategy is None or "ModelParallelStrategy" not in {c.__name__ for c in type(strategy).__mro__}:
+    if _model_parallel(trainer) is None:
         return 0
     a = module.args
     if getattr(a, "parallel_training", "none") == "mp":
@@ -220,8 +229,12 @@ def shard_team(module: Any) -> int:
         raise ValueError(f"reference_devices={devices!r} with ModelParallelStrategy (FSDP2): the frozen references "
                          "are sharded over the ranks like the agents, so the mesh places them. Leave "
                          "reference_devices unset (or \"auto\"); see docs/scaling.md, \"FSDP2\".")
-    mesh = strategy.device_mesh
-    dp_mesh = mesh["data_parallel"] if mesh.mesh_dim_names and "data_parallel" in mesh.mesh_dim_names else mesh
+    device = getattr(a, "reward_model_device", None)
+    if device is not None:
+        raise ValueError(f"reward_model_device={device!r} with ModelParallelStrategy (FSDP2): the learned reward "
+                         "model is sharded over the ranks like the agents, so the mesh places it. Leave "
+                         "reward_model_device unset; see docs/scaling.md, \"FSDP2\".")
+    dp_mesh = data_parallel_mesh(trainer)
     members = list({id(m): m for m in module.trainable_modules()}.values())
     for member in members:
         if any(p.requires_grad for p in member.parameters()):
@@ -229,6 +242,45 @@ def shard_team(module: Any) -> int:
     for member in frozen:
         shard_member(member, dp_mesh, generates=False)
     return len(members) + len(frozen)
+
+
+def _model_parallel(trainer: Any) -> Any | None:
+    """``trainer``'s strategy when it is Lightning's ``ModelParallelStrategy`` (or a subclass), else None."""
+    strategy = getattr(trainer, "strategy", None) if trainer is not None else None
+    if strategy is None or "ModelParallelStrategy" not in {c.__name__ for c in type(strategy).__mro__}:
+        return None
+    return strategy
+
+
+def data_parallel_mesh(trainer: Any) -> Any | None:
+    """The ``data_parallel`` mesh of ``trainer``'s ``ModelParallelStrategy`` (its whole mesh when it names no such
+    dimension); None without a trainer or under any other strategy."""
+    strategy = _model_parallel(trainer)
+    if strategy is None:
+        return None
+    mesh = strategy.device_mesh
+    return mesh["data_parallel"] if mesh.mesh_dim_names and "data_parallel" in mesh.mesh_dim_names else mesh
+
+
+def shard_reward_model(model: Any, trainer: Any) -> bool:
+    """Under ``trainer``'s ``ModelParallelStrategy``: shard the backbone of a fitted
+    :class:`~comlrl_lightning.modules.reward_model.JointRewardModel` (MARLHF's learned reward) as a frozen member on
+    the data-parallel mesh (:func:`shard_member`, ``generates=False``; its scalar heads, a few hundred numbers, stay
+    whole), and make ``model.score`` a balanced collective: each call gathers the backbone whole once (one
+    all-gather per block) and runs its forwards with no collective. Ranks call ``score`` as often as each other in
+    the RL stage (per-rank batches of equal size); in a collection round, where a rank may score fewer joint
+    responses, a rank that is done joins the others' calls (:func:`~comlrl_lightning.distributed.gather_round`).
+    Returns True when sharded; nothing under another strategy (False). Every rank calls it for the same model."""
+    from comlrl_lightning.distributed import register_balanced
+
+    mesh = data_parallel_mesh(trainer)
+    if mesh is None or is_sharded(model.backbone):
+        return False
+    backbone = model.backbone
+    shard_member(backbone, mesh, generates=False)
+    key = register_balanced(functools.partial(_join_generate, weakref.ref(backbone)))
+    object.__setattr__(model, "score", functools.partial(_gathered_call, backbone, key, model.score))
+    return True
 
 
 def frozen_members(module: Any) -> list[nn.Module]:

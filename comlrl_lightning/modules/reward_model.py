@@ -355,6 +355,18 @@ class JointRewardModel(L.LightningModule):
         }, indent=2) + "\n")
         return folder
 
+    def configure_model(self) -> None:
+        """The reward model's own fit is not sharded: under ``ModelParallelStrategy`` (FSDP2) it is refused here
+        with a pointer, instead of Lightning's request to implement this hook. MARLHF under FSDP2 fits it on each
+        rank in a single-process fit and shards it after (docs/scaling.md, "FSDP2")."""
+        from comlrl_lightning.sharding import data_parallel_mesh
+
+        if self._trainer is not None and data_parallel_mesh(self._trainer) is not None:
+            raise ValueError("JointRewardModel fit with ModelParallelStrategy (FSDP2) is not supported: the reward "
+                             "model trains whole. Fit it with strategy='auto' (one device) or 'ddp'; MARLHFTrainer "
+                             "under ModelParallelStrategy fits it on each rank that way and shards it for scoring "
+                             "(docs/scaling.md, \"FSDP2\").")
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]
         if not params:
