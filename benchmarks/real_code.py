@@ -247,7 +247,7 @@ def train(args, folder: str, tok, items: list[dict]) -> int:
             counts = Counts()
             load = os.getloadavg()[0]
             # CoMLRL's agents pad finished rows with its tokenizer copy's pad (``<|endoftext|>``), not the EOS
-            ends = {tok.eos_token_id, tok.pad_token_id} | ({comlrl_tokenizer(tok).pad_token_id} if theirs else set())
+            ends = {tok.eos_token_id, tok.pad_token_id, comlrl_tokenizer(tok).pad_token_id}
             with counting(counts, ends):
                 t0 = time.perf_counter()
                 (theirs or ours).train()

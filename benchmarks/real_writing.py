@@ -325,7 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     folder = model_folder(args.model_folder)
     tok = load_tokenizer(folder)
-    eos_ids = {t for t in (tok.eos_token_id, tok.pad_token_id) if t is not None}
+    # a row ends at the EOS or at a pad: the tokenizer copy's (``comlrl_tokenizer``, ``<|endoftext|>``) pads the
+    # finished rows of CoMLRL's agents and of our MADPO's, and never occurs inside a completion
+    eos_ids = {t for t in (tok.eos_token_id, tok.pad_token_id, comlrl_tokenizer(tok).pad_token_id) if t is not None}
     train_items, eval_items = load_writing_items("train")[:args.train_items], load_writing_items("eval")
     rows, before = [], None
     with tempfile.TemporaryDirectory(prefix="real_writing_") as tmp:
@@ -340,9 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch.manual_seed(seed)
             counts = Counts()
             load = os.getloadavg()[0]
-            # CoMLRL's agents pad finished rows with the tokenizer copy's pad (``comlrl_tokenizer``), not the EOS
-            ends = eos_ids | ({comlrl_tokenizer(tok).pad_token_id} if theirs is not None else set())
-            with counting(counts, ends):
+            with counting(counts, eos_ids):
                 t0 = time.perf_counter()
                 (theirs or ours).train()
                 wall = time.perf_counter() - t0
