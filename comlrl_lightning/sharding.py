@@ -209,8 +209,10 @@ def shard_team(module: Any) -> int:
     LoRA agents: the shared base is one member, sharded once with every adapter in it (each adapter keeps its own
     optimizer). A reference has no optimizer; its forwards (the KL at rollout time) gather each block as the agents'
     training forwards do, and every rank runs as many of them as the others (per-rank batches of equal size).
-    Refused (``ValueError``): ``parallel_training="mp"``, a non-HF ``generation_backend`` and ``reference_devices``
-    with a reference to shard (the mesh places it)."""
+    The vLLM engine (``generation_backend="vllm"``) is told the agents are sharded
+    (``VLLMEngine.use_sharded_weights``): it gathers their whole weights, or LoRA adapters, at each push.
+    Refused (``ValueError``): ``parallel_training="mp"``, a ``generation_backend`` whose engine cannot gather sharded
+    weights, ``reference_devices`` with a reference to shard and ``reward_model_device`` (the mesh places them)."""
     trainer = getattr(module, "_trainer", None)
     if _model_parallel(trainer) is None:
         return 0
@@ -220,9 +222,11 @@ def shard_team(module: Any) -> int:
                          "ModelParallelStrategy (FSDP2) every process holds a shard of every agent. Use "
                          "parallel_training='none'.")
     backend = getattr(a, "generation_backend", "hf")
-    if backend != "hf":
-        raise ValueError(f"generation_backend={backend!r} with ModelParallelStrategy (FSDP2) is not supported yet: "
-                         "the engine would need the agents' full weights at every sync. Use generation_backend='hf'.")
+    engine = getattr(getattr(module, "team", None), "engine", None)
+    if backend != "hf" and not callable(getattr(engine, "use_sharded_weights", None)):
+        raise ValueError(f"generation_backend={backend!r} with ModelParallelStrategy (FSDP2) is not supported: its "
+                         f"engine ({type(engine).__name__}) cannot gather the sharded agents' weights at its syncs. "
+                         "Use generation_backend='hf' or 'vllm'.")
     frozen = frozen_members(module)
     devices = getattr(a, "reference_devices", None)
     if frozen and devices not in (None, "auto"):
@@ -241,6 +245,8 @@ def shard_team(module: Any) -> int:
             shard_member(member, dp_mesh)
     for member in frozen:
         shard_member(member, dp_mesh, generates=False)
+    if backend != "hf":  # the vLLM engine gathers each agent's weights (or adapter) whole at its pushes
+        engine.use_sharded_weights()
     return len(members) + len(frozen)
 
 
@@ -312,13 +318,33 @@ def full_state_dict(member: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(member, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def gathered_state_dict(member: nn.Module, keep: Any = None) -> dict[str, torch.Tensor]:
+    """The whole state dict of a (possibly sharded) member on *every* rank, on CPU, for the entries whose name
+    ``keep(name)`` accepts (all when None). Sharded entries are gathered one at a time (one all-gather each, in
+    state-dict order; a tied weight listed twice is gathered once), so the peak beyond the shards is one whole
+    tensor on the device. A collective for a sharded member: every rank calls it with the same ``keep``. (The vLLM
+    engine's weight push under FSDP2; :func:`full_state_dict` gives rank 0 only.)"""
+    out: dict[str, torch.Tensor] = {}
+    done: dict[tuple, torch.Tensor] = {}
+    for name, value in member.state_dict().items():
+        if keep is not None and not keep(name):
+            continue
+        local = value.to_local() if hasattr(value, "to_local") else value
+        key = (local.data_ptr(), tuple(value.shape), local.dtype)
+        if key not in done:
+            whole = value.full_tensor() if hasattr(value, "full_tensor") else value
+            done[key] = whole.detach().to("cpu").contiguous()
+        out[name] = done[key]
+    return out
+
+
 def team_is_sharded(module: Any) -> bool:
     """True when team module ``module`` has an agent sharded by :func:`shard_team`."""
     team = getattr(module, "team", None)
     return team is not None and any(is_sharded(m) for m in team.unique_models())
 
 
-def _plain_class_name(model: nn.Module) -> str:
+def plain_class_name(model: nn.Module) -> str:
     """The class ``fully_shard`` derived ``type(model)`` from (``FSDPQwen2ForCausalLM`` -> ``Qwen2ForCausalLM``)."""
     from torch.distributed.fsdp import FSDPModule
 
@@ -369,7 +395,7 @@ def save_team(module: Any, output_dir: str, critics: bool = True) -> list[str]:
                 config = target / "config.json"
                 if config.is_file():  # save_pretrained names the sharded class (FSDPQwen2ForCausalLM)
                     data = json.loads(config.read_text())
-                    data["architectures"] = [_plain_class_name(model)]
+                    data["architectures"] = [plain_class_name(model)]
                     config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
                 tok.save_pretrained(str(target))
                 paths.append(str(target))

@@ -16,6 +16,13 @@ so a stale adapter is never served (vLLM caches adapters by id). Full weights: t
 safetensors, loaded with ``collective_rpc("reload_weights")``, the prefix cache is reset, and the weight
 post-processing is re-run so that a tied ``lm_head`` is not left stale by the CPU build's pre-packing.
 
+Sharded agents (FSDP2, ``ModelParallelStrategy``; docs/scaling.md, "FSDP2"): each rank has its own engine, and
+:meth:`VLLMEngine.use_sharded_weights` makes every push first gather the whole weights (full agents) or the adapter
+(LoRA agents; the frozen base once, at start) from the shards, on every rank, with
+:func:`~comlrl_lightning.sharding.gathered_state_dict`, then push them as above. A gather is a collective announced as
+a balanced one (:func:`~comlrl_lightning.distributed.register_balanced`): a rank with no generation left in a
+collection round joins the others' gathers and keeps the weights for its own next push.
+
 Reproducibility: each request draws one seed from its :class:`~comlrl_lightning.generation.SamplingStream`;
 every (prompt, candidate) row gets its own seed derived from it (a shared seed would give correlated samples).
 
@@ -29,11 +36,13 @@ private attributes) live in :mod:`.vllm_process`.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import random
 import shutil
 import tempfile
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -152,6 +161,11 @@ class VLLMEngine:
         self._next_lora_id = 1
         self._version = 0
         self._shm_before: set[str] = set()
+        # FSDP2 (use_sharded_weights): the balanced-collective key of each part (full model, base, adapter), the
+        # parts gathered while joining another rank's push, and (seconds, bytes) of every gather on this rank
+        self._gather_keys: dict[tuple, int] | None = None
+        self._gathered: dict[tuple, dict] = {}
+        self.gathers: list[tuple[float, int]] = []
         n = team.num_agents
         self.lora = team.uses_lora
         if self.lora and (not all(a is not None for a in team.adapters) or len(team.unique_models()) != 1):
@@ -174,7 +188,8 @@ class VLLMEngine:
         try:
             if self.lora:
                 model = self.team.models[0]
-                folder = self._save_base(model)
+                base = self._weights(("base",)) if self.sharded else None
+                folder = self._save_base(model, base)
                 self.servers = [_Server(list(range(self.team.num_agents)), folder, "LoRA agents (one base)")]
             else:
                 groups: dict[int, list[int]] = {}
@@ -183,7 +198,9 @@ class VLLMEngine:
                 for agents in groups.values():
                     model = self.team.models[agents[0]]
                     folder = self.workdir / f"model_{agents[0]}"
-                    model.save_pretrained(str(folder), safe_serialization=True)
+                    # not save_pretrained: under a process group transformers writes the weights on rank 0 only
+                    state = self._weights(("model", agents[0])) if self.sharded else _local_state(model)
+                    self._save_full(model, state, folder)
                     label = f"agent {agents[0]}" if len(agents) == 1 else f"agents {agents}"
                     self.servers.append(_Server(agents, str(folder), label))
             for server in self.servers:
@@ -197,16 +214,17 @@ class VLLMEngine:
             self.close()
             raise
 
-    def _save_base(self, model: Any) -> str:
+    def _save_base(self, model: Any, whole: dict | None = None) -> str:
         """The base weights of a peft model, saved without the adapters (``peft_model.unload``-free: the
-        ``base_layer`` weights are copied under their plain names)."""
+        ``base_layer`` weights are copied under their plain names); ``whole``: the base's gathered state dict
+        (sharded agents)."""
         from safetensors.torch import save_file
 
         base = model.get_base_model()
         folder = self.workdir / "base"
         folder.mkdir()
         state = {}
-        for key, value in base.state_dict().items():
+        for key, value in (base.state_dict() if whole is None else whole).items():
             if ".lora_" in key:
                 continue
             state[key.replace(".base_layer.", ".")] = value.detach().to("cpu").contiguous()
@@ -214,11 +232,82 @@ class VLLMEngine:
         if tied:
             state.pop("lm_head.weight", None)
         save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-        base.config.save_pretrained(str(folder))
-        gen = getattr(base, "generation_config", None)
-        if gen is not None:
-            gen.save_pretrained(str(folder))
+        _save_config(base, folder)
         return str(folder)
+
+    def _save_full(self, model: Any, state: dict, folder: Path) -> None:
+        """A full model's folder from its state dict (a sharded model's gathered one)."""
+        from safetensors.torch import save_file
+
+        folder.mkdir()
+        state = dict(state)
+        if getattr(model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        _save_config(model, folder)
+
+    # --- sharded agents (FSDP2) -----------------------------------------------------------------------------
+    @property
+    def sharded(self) -> bool:
+        """True once :meth:`use_sharded_weights` was called: pushes gather the weights from the ranks' shards."""
+        return self._gather_keys is not None
+
+    def use_sharded_weights(self) -> None:
+        """The team's agents are sharded (FSDP2; :func:`~comlrl_lightning.sharding.shard_team` calls this on every
+        rank, after sharding them): from now on each push gathers the whole weights it needs from the shards (a
+        collective, on every rank) before pushing them as for unsharded agents. The parts gathered: each distinct
+        full model, or, for LoRA agents, the frozen base (once, at start) and each agent's adapter. Registers one
+        balanced collective per part, in the same order on every rank."""
+        from comlrl_lightning.distributed import register_balanced
+
+        if self.sharded:
+            return
+        parts = sorted({self._part(i) for i in range(self.team.num_agents)})
+        if self.lora:
+            parts.insert(0, ("base",))
+        me = weakref.ref(self)  # the registry is global: it must not keep a closed engine alive
+        self._gather_keys = {part: register_balanced(functools.partial(_join_part, me, part)) for part in parts}
+
+    def _part(self, agent: int) -> tuple:
+        """The gathered part that holds agent ``agent``'s served weights."""
+        if self.lora:
+            return ("adapter", agent)
+        model = self.team.models[agent]
+        return ("model", next(i for i, m in enumerate(self.team.models) if m is model))
+
+    def _gather(self, part: tuple) -> dict:
+        """The whole state dict of ``part`` on this rank, CPU (a collective over the ranks); time and bytes are
+        appended to :attr:`gathers`."""
+        import time
+
+        from comlrl_lightning.sharding import gathered_state_dict
+
+        start = time.perf_counter()
+        if part[0] == "model":
+            state = gathered_state_dict(self.team.models[part[1]])
+        elif part[0] == "base":
+            state = gathered_state_dict(self.team.models[0].get_base_model(), lambda k: ".lora_" not in k)
+        else:
+            name = self.team.adapters[part[1]]
+            state = gathered_state_dict(self.team.models[0], lambda k: ".lora_" in k and f".{name}." in k)
+        size = sum(t.numel() * t.element_size() for t in {id(t): t for t in state.values()}.values())
+        self.gathers.append((time.perf_counter() - start, size))
+        return state
+
+    def _weights(self, part: tuple) -> dict:
+        """``part``'s current whole weights: the ones gathered while joining another rank's push, else a gather
+        announced to the other ranks (a balanced collective)."""
+        from comlrl_lightning.distributed import announce_balanced
+
+        if part in self._gathered:
+            return self._gathered.pop(part)
+        announce_balanced(self._gather_keys[part])
+        return self._gather(part)
+
+    def _join(self, part: tuple) -> None:
+        """Take part in another rank's gather of ``part`` (this rank has no generation left in the round) and keep
+        the weights for this rank's next push."""
+        self._gathered[part] = self._gather(part)
 
     def _llm_kwargs(self, server: _Server) -> dict:
         model = self.team.models[server.agents[0]]
@@ -289,6 +378,8 @@ class VLLMEngine:
         self.stale.update(agents)
         for i in agents:
             self.requested[i] += 1
+            if self.sharded:  # weights gathered while joining another rank's push are now old
+                self._gathered.pop(self._part(i), None)
 
     def _push(self, agents: Sequence[int]) -> None:
         for i in sorted(set(agents) & self.stale):
@@ -309,7 +400,8 @@ class VLLMEngine:
         self._version += 1
         folder = self.workdir / f"adapter_{agent}_v{self._version}"
         model, name = self.team.models[agent], self.team.adapters[agent]
-        model.save_pretrained(str(folder), selected_adapters=[name])
+        state = {"state_dict": self._weights(("adapter", agent))} if self.sharded else {}
+        model.save_pretrained(str(folder), selected_adapters=[name], **state)
         sub = folder / name
         if sub.is_dir():  # peft writes non-default adapters into a subfolder
             for f in sub.iterdir():
@@ -329,7 +421,7 @@ class VLLMEngine:
         model = self.team.models[server.agents[0]]
         folder = self.workdir / f"weights_v{self._version}"
         folder.mkdir()
-        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        state = dict(self._weights(self._part(server.agents[0]))) if self.sharded else _local_state(model)
         if getattr(model.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)
         save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
@@ -502,6 +594,35 @@ class AdapterSnapshotEngine:
             for server in self.parent.servers:
                 if server.llm is not None and not server.dead():
                     self.parent._call(server, server.llm.llm_engine.remove_lora, request.lora_int_id)
+
+
+def _local_state(model: Any) -> dict:
+    """An unsharded model's state dict on the CPU."""
+    return {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+
+
+def _join_part(engine: Any, part: tuple) -> None:
+    """:meth:`VLLMEngine._join` of the engine ``engine()`` (a weak reference)."""
+    live = engine()
+    if live is None:
+        raise RuntimeError("Another rank gathers sharded weights for a vLLM engine this rank no longer holds.")
+    live._join(part)
+
+
+def _save_config(model: Any, folder: Path) -> None:
+    """``model``'s config and generation config into ``folder``; ``architectures`` names the plain class (a sharded
+    model's class is ``FSDP<name>``, which vLLM would not find)."""
+    import copy
+
+    from comlrl_lightning.sharding import plain_class_name
+
+    config = copy.deepcopy(model.config)
+    if config.architectures is None or any(a.startswith("FSDP") for a in config.architectures):
+        config.architectures = [plain_class_name(model)]
+    config.save_pretrained(str(folder))
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        gen.save_pretrained(str(folder))
 
 
 def _sampled_logprobs(completion: Any) -> list[float] | None:
