@@ -12,6 +12,7 @@ ones, the type name of an agent parameter, the global step, and the resident mem
 """
 import os
 import sys
+import time
 
 import lightning as L
 import torch
@@ -48,6 +49,9 @@ class Check(L.Callback):
         n = team.num_agents
         greedy = SamplingSettings(max_new_tokens=10, temperature=1.0, top_p=1.0, top_k=1)
         before, stale = list(engine.gathers), sorted(engine.stale)
+        start = time.perf_counter()
+        engine._push(list(range(n)))  # gather, write, reload (what the next generation would do first), timed
+        push_seconds = time.perf_counter() - start
         got = engine.sample_many([SampleRequest(a, PROMPTS, 1, SamplingStream(a)) for a in range(n)], greedy)
         states = [gathered_state_dict(m) for m in team.unique_models()]  # what the push should have gathered
         copy = build_agents(self.model_dir, num_agents=n, lora=self.lora)
@@ -63,7 +67,7 @@ class Check(L.Callback):
             initial_tokens=[s.completion_ids for s in initial_out], initial_logprobs=[s.logprobs for s in initial_out],
             stale=stale, gathers_before=before, gathers_after=list(engine.gathers), changed=changed,
             param_type=type(next(team.models[0].parameters())).__name__, memory_mib=memory_mib(),
-            served_version=[s.version for s in got], requested=list(engine.requested))
+            served_version=[s.version for s in got], requested=list(engine.requested), push_seconds=push_seconds)
 
 
 def main() -> None:

@@ -359,6 +359,7 @@ class VLLMEngine:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
         self.stale = set(range(self.team.num_agents))
+        self._gathered.clear()  # every rank's next start gathers afresh (close runs on every rank at fit end)
 
     def __del__(self) -> None:
         try:
