@@ -2,8 +2,9 @@
 processes (gloo), run by tests/test_fsdp_marlhf.py.
 
 Usage: ``fsdp_marlhf_script.py OUT MODEL FIT [FIT ...]``, FIT among ``marlhf`` (offline MARLHF: pairs, a reward model,
-then MAGRPO on it) and ``marlhf_iter`` (MARLHFIter, 2 rounds on 3 items; round 1's comparisons are scored with round
-0's reward model, and the collection splits the items 2 + 1, so rank 1 scores fewer joint responses than rank 0).
+then MAGRPO on it), ``marlhf_iac`` (the same with IAC as the RL stage) and ``marlhf_iter`` (MARLHFIter, 2 rounds on 3
+items; round 1's comparisons are scored with round 0's reward model, and the collection splits the items 2 + 1, so
+rank 1 scores fewer joint responses than rank 0).
 Each FIT is trained with ``strategy="ddp"``, then with ``ModelParallelStrategy()``, from the same seed, in the same
 two processes. Each rank writes ``OUT/rank{r}.pt``: per fit and run, both agents' parameters before and after the fit
 (gathered whole, flattened, float64), the fitted reward model's backbone (whole), this rank's element count of it
@@ -49,6 +50,13 @@ def build(name: str, strategy):
         from comlrl_lightning.trainers.marlhf import MARLHFTrainer
 
         return MARLHFTrainer(args=MARLHFConfig(**sampling), trainer_kwargs=tk, train_dataset=items, **common)
+    if name == "marlhf_iac":  # the actor-critic RL stage (IAC, a value head per agent) scores through reward_func
+        from comlrl_lightning.config.marlhf import MARLHFConfig
+        from comlrl_lightning.trainers.marlhf import MARLHFTrainer
+
+        args = MARLHFConfig(**{**sampling, "rl_algorithm": "iac", "num_generations": 1, "use_separate_critic": False,
+                               "critic_learning_rate": 1e-2})
+        return MARLHFTrainer(args=args, trainer_kwargs=tk, train_dataset=items, **common)
     if name == "marlhf_iter":
         from comlrl_lightning.config.marlhf import MARLHFIterConfig
         from comlrl_lightning.trainers.marlhf import MARLHFIterTrainer

@@ -18,15 +18,16 @@ ENV = {**os.environ, "PYTHONPATH": str(TESTS.parent), "OMP_NUM_THREADS": "1", "W
 
 @pytest.mark.slow
 def test_fsdp2_marlhf_shards_the_reward_model_and_equals_ddp(tiny_model_dir, tmp_path):
-    """On 2 gloo processes, offline MARLHF and MARLHFIter (2 rounds, 3 items, round 1 scored by round 0's reward
-    model: rank 0 scores more joint responses than rank 1 in the collection) under ModelParallelStrategy: the reward
+    """On 2 gloo processes, offline MARLHF (MAGRPO and IAC as the RL stage) and MARLHFIter (2 rounds, 3 items, round 1
+    scored by round 0's reward model: rank 0 scores more joint responses than rank 1 in the collection) under
+    ModelParallelStrategy: the reward
     model's backbone is a DTensor, half of it on each rank, it gives the rewards of strategy="ddp" and the agents
     end with ddp's weights."""
     out = subprocess.run([sys.executable, str(TESTS / "fsdp_marlhf_script.py"), str(tmp_path), tiny_model_dir,
-                          "marlhf", "marlhf_iter"], capture_output=True, text=True, timeout=900, env=ENV, cwd=tmp_path)
+                          "marlhf", "marlhf_iac", "marlhf_iter"], capture_output=True, text=True, timeout=900, env=ENV, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
-    for name, fits in (("marlhf", 1), ("marlhf_iter", 2)):
+    for name, fits in (("marlhf", 1), ("marlhf_iac", 1), ("marlhf_iter", 2)):
         ddp, fsdp = ranks[0][f"{name}/ddp"], ranks[0][f"{name}/fsdp2"]
         assert fsdp["world"] == 2 and fsdp["global_step"] == ddp["global_step"] > 0 and fsdp["fits"] == fits
         assert fsdp["rm_type"] == "DTensor" and ddp["rm_type"] == "Parameter", name
