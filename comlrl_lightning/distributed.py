@@ -21,7 +21,10 @@ whole for the call), yet a rank's block of a collection round may need fewer cal
 none). Such a collective is registered (:func:`register_balanced`) and announced before each call
 (:func:`announce_balanced`); :func:`gather_round` lets a rank that finished its work join the calls the others still
 make (:func:`join_balanced`: its shards take part, it generates nothing) until every rank is done, so every rank runs
-the same collectives in the same order and the round's results are those of its own items only.
+the same collectives in the same order and the round's results are those of its own items only. An evaluation under
+FSDP2 is such a round too (:func:`comlrl_lightning.evaluation.balanced_evaluation`): every rank evaluates the same
+items, but a task reward that differs between ranks (a sandbox timeout, a remote judge) can end an actor-critic
+episode early on one rank only. Ranks that call balanced collectives out of order stop with an error naming both.
 
 Gradients: :func:`average_gradients` averages one optimizer's gradients over the ranks, the reduction the team
 modules run under DDP at each agent's own step instead of DDP's per-backward hooks (docs/scaling.md, "Strategies").
@@ -105,17 +108,49 @@ def gather_objects(obj: Any, world_size: int) -> list[Any]:
 DONE = -1
 #: Balanced collectives by key: the function a rank calls to take part in another rank's call without running it.
 _BALANCED: dict[int, Callable[[], Any]] = {}
+#: What each balanced collective is, by key (for the errors of :func:`announce_balanced` / :func:`join_balanced`).
+_NAMES: dict[int, str] = {}
 _NEXT_KEY = [0]
 
 
-def register_balanced(join: Callable[[], Any]) -> int:
+def register_balanced(join: Callable[[], Any], name: str | None = None) -> int:
     """Register a collective that ranks may call a different number of times inside a round; ``join()`` takes
-    part in one call of it without running it (e.g. gather and free a sharded agent's weights). Returns its key
-    for :func:`announce_balanced`. Every rank registers the same collectives in the same order (the keys match)."""
+    part in one call of it without running it (e.g. gather and free a sharded agent's weights). ``name`` says what
+    the collective is (e.g. "IAC evaluation: agent 0's critic values"), for the errors; without one it is read
+    from ``join`` (:func:`describe_join`). Returns its key for :func:`announce_balanced`. Every rank registers the
+    same collectives in the same order (the keys match)."""
     key = _NEXT_KEY[0]
     _NEXT_KEY[0] += 1
     _BALANCED[key] = join
+    _NAMES[key] = name or describe_join(join)
     return key
+
+
+def describe_join(join: Callable[[], Any]) -> str:
+    """What a balanced collective registered without a name is, read from its ``join``: the function's name and
+    its arguments, a weak reference as the class of what it refers to (``FSDP`` prefix dropped), e.g.
+    ``"join_generate(Qwen2ForCausalLM)"`` (a sharded model's ``generate``, or a reward model's ``score``) or
+    ``"join_part(VLLMEngine, ('model', 0))"`` (a vLLM engine's weight push)."""
+    import weakref
+
+    func = getattr(join, "func", join)
+    words = []
+    for arg in getattr(join, "args", ()):
+        if isinstance(arg, weakref.ref):
+            target = arg()
+            words.append("<gone>" if target is None else type(target).__name__.removeprefix("FSDP"))
+        else:
+            words.append(repr(arg))
+    return f"{getattr(func, '__name__', type(func).__name__).lstrip('_')}({', '.join(words)})"
+
+
+def _named(keys: Any) -> str:
+    return ", ".join(f"#{k} {_NAMES.get(k, 'unregistered')}" for k in sorted(keys))
+
+
+_OUT_OF_STEP = ("the ranks' balanced collectives (a sharded model's generate or reward-model score, a vLLM engine's "
+                "weight push, an evaluation's critic or KL pass under FSDP2) went out of step. Every rank must run "
+                "them in the same order, e.g. sample the agents in the same order (docs/scaling.md, \"FSDP2\").")
 
 
 def _exchange(key: int) -> list[int]:
@@ -131,16 +166,14 @@ def _exchange(key: int) -> list[int]:
 def announce_balanced(key: int) -> None:
     """Before this rank runs balanced collective ``key``: tell the others (a small all-gather). A rank that is
     done (in :func:`join_balanced`) joins the call; a rank that announces another collective at the same point is
-    an error on every rank (the ranks' calls went out of step), never a hang."""
+    an error on every rank naming both collectives (the ranks' calls went out of step), never a hang."""
     if world()[1] < 2:
         return
     keys = _exchange(key)
     others = {k for k in keys if k not in (key, DONE)}
     if others:
-        raise RuntimeError(
-            f"Ranks run different collectives at the same point (this rank: {key}, others: {sorted(others)}): the "
-            "sharded agents' generate calls went out of step across ranks. Every rank must sample the agents in the "
-            "same order (docs/scaling.md, \"FSDP2\").")
+        raise RuntimeError(f"Ranks run different collectives at the same point (this rank: {_named([key])}; other "
+                           f"ranks: {_named(others)}): {_OUT_OF_STEP}")
 
 
 def join_balanced() -> int:
@@ -155,8 +188,8 @@ def join_balanced() -> int:
         if not running:
             return joined
         if len(running) > 1:
-            raise RuntimeError(f"Ranks run different collectives at the same point ({sorted(running)}): the sharded "
-                               "agents' generate calls went out of step across ranks (docs/scaling.md, \"FSDP2\").")
+            raise RuntimeError(f"Ranks run different collectives at the same point ({_named(running)}; this rank is "
+                               f"done): {_OUT_OF_STEP}")
         _BALANCED[running.pop()]()
         joined += 1
 

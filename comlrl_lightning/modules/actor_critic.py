@@ -42,7 +42,7 @@ from comlrl_lightning.config import IACConfig, MAACConfig
 from comlrl_lightning.devices import device_of, resolve_devices
 from comlrl_lightning.engines import SampleRequest, engine_of
 from comlrl_lightning.engines.verify import check_engine_version, check_logprob_gap
-from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
+from comlrl_lightning.evaluation import EvalMetrics, balanced_evaluation, balanced_pass, register_passes, with_turn_mean
 from comlrl_lightning.generation import Samples, SamplingStream
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import build_scoring_batch, scored_token_logps, trim_completion
@@ -54,6 +54,10 @@ from comlrl_lightning.nets.critics import build_critics, joint_critic_text, righ
 from comlrl_lightning.overlap import MainThread
 from comlrl_lightning.protocols import RolloutTask, check_protocol
 from comlrl_lightning.tiny import TINY_MODEL_NAME
+
+#: Names of the balanced collectives of a sharded multi-turn evaluation (docs/scaling.md, "FSDP2"), per agent.
+VALUES_PASS = "agent {}'s critic values (evaluation)"
+KL_PASS = "agent {}'s reference KL (evaluation)"
 
 
 class ActorCriticModule(TeamModuleBase):
@@ -222,20 +226,34 @@ class ActorCriticModule(TeamModuleBase):
 
     @torch.no_grad()
     def _turn_values(self, turn_samples: list[list[EpisodeSample]]) -> list[list[float]]:
-        """Rollout-time critic values V_old (or Q_old) of one turn, ``[agent][generation]``."""
-        return [self._values(i, s).float().tolist() for i, s in enumerate(turn_samples)]
+        """Rollout-time critic values V_old (or Q_old) of one turn, ``[agent][generation]``; in a sharded evaluation
+        each agent's pass is a balanced collective (:func:`~comlrl_lightning.evaluation.balanced_pass`)."""
+        return [balanced_pass(self, VALUES_PASS.format(i), self._value_members(i),
+                              lambda i=i, s=s: self._values(i, s).float().tolist()) for i, s in enumerate(turn_samples)]
+
+    def _value_members(self, i: int) -> list[nn.Module]:
+        """The members agent i's critic values run through: MAAC's critic, IAC's own critic, or agent i's model and
+        value head."""
+        if self.is_maac:
+            return [self.critics[0]]
+        return [self.critics[i]] if self.critics else [self.team.models[i], self.value_heads[i]]
 
     @torch.no_grad()
     def _turn_kls(self, turn_samples: list[list[EpisodeSample]]) -> list[list[float]]:
         from comlrl_lightning.reference import sequence_kl
 
-        out = []
-        for i, samples in enumerate(turn_samples):
+        def kls(i: int, samples: list[EpisodeSample]) -> list[float]:
             batch, _ = self._sequence_batch(i, samples)
             policy = self._actor_forward(i, batch, with_values=False)[0]
             ref = self.reference.token_logps(i, batch)
-            out.append(sequence_kl(policy, ref, batch["score_mask"]).float().tolist())
-        return out
+            return sequence_kl(policy, ref, batch["score_mask"]).float().tolist()
+
+        return [balanced_pass(self, KL_PASS.format(i), self._kl_members(i),
+                              lambda i=i, s=s: kls(i, s)) for i, s in enumerate(turn_samples)]
+
+    def _kl_members(self, i: int) -> list[nn.Module]:
+        """The members agent i's reference KL runs through: its model and its frozen copy (none for LoRA agents)."""
+        return [self.team.models[i], self.reference.model_for(i)]
 
     # --- rollout ------------------------------------------------------------------------------------------
     def collect(self, item: dict, item_index: Any = 0, num_generations: int | None = None, oracle: Any = None
@@ -297,8 +315,16 @@ class ActorCriticModule(TeamModuleBase):
     def evaluate(self, items: Sequence[dict], task: Any, seed: int = 12345, samples_per_item: int = 1) -> dict:
         """Single turn: the base's evaluation. Multi-turn: :meth:`evaluate_turns` (one path per item, scored
         with the bound task oracle), ``eval/reward_mean`` = the mean immediate reward over the turns."""
-        if self.args.num_turns > 1:
-            return with_turn_mean(self.evaluate_turns(items, seed), self.args.num_turns)
+        if self.args.num_turns > 1:  # sharded agents: a balanced round on every rank, its passes balanced too
+            from comlrl_lightning.sharding import team_is_sharded
+
+            if team_is_sharded(self):  # every rank registers every pass here, before any rank may skip one
+                n = self.team.num_agents
+                register_passes(self, {VALUES_PASS.format(i): self._value_members(i) for i in range(n)})
+                if self.reference is not None:
+                    register_passes(self, {KL_PASS.format(i): self._kl_members(i) for i in range(n)})
+            metrics = balanced_evaluation(self, lambda: self.evaluate_turns(items, seed), self.evaluation_where())
+            return with_turn_mean(metrics, self.args.num_turns)
         return super().evaluate(items, task, seed, samples_per_item)
 
     @torch.no_grad()

@@ -48,7 +48,7 @@ from comlrl_lightning.config.secrets import redact_secrets
 from comlrl_lightning.data.sources import PREDICT_REFUSED
 from comlrl_lightning.distributed import rank_seed, world
 from comlrl_lightning.engines import build_engine
-from comlrl_lightning.evaluation import evaluate_team
+from comlrl_lightning.evaluation import balanced_evaluation, evaluate_team
 from comlrl_lightning.generation import SamplingSettings, SamplingStream
 from comlrl_lightning.modules.checkpoint_state import CheckpointState
 from comlrl_lightning.modules.gradient_averaging import OwnGradientAveraging
@@ -138,9 +138,15 @@ class TeamModuleBase(MemberPlacement, ThreadedUpdates, OwnGradientAveraging, Che
     def evaluate(self, items: Sequence[dict], task: Any, seed: int = 12345, samples_per_item: int = 1) -> dict:
         """Single-turn task-reward evaluation of ``items`` (:func:`~comlrl_lightning.evaluation.evaluate_team`):
         ``samples_per_item`` joint responses per item from fresh streams seeded with ``seed``, ``eval_batch_size``
-        items generated together, scored with ``task.oracle`` (never the training oracle)."""
-        return evaluate_team(self.team, list(items), task.formatters, task.oracle, self.sampling_settings(), seed,
-                             samples_per_item, batch_size=self.args.eval_batch_size)
+        items generated together, scored with ``task.oracle`` (never the training oracle). Sharded agents (FSDP2):
+        a balanced round on every rank (:func:`~comlrl_lightning.evaluation.balanced_evaluation`)."""
+        return balanced_evaluation(self, lambda: evaluate_team(
+            self.team, list(items), task.formatters, task.oracle, self.sampling_settings(), seed, samples_per_item,
+            batch_size=self.args.eval_batch_size), self.evaluation_where())
+
+    def evaluation_where(self) -> str:
+        """How an evaluation names itself in a ``RankFailure`` (the update it evaluates)."""
+        return f"Evaluation at update {getattr(self, 'updates_seen', 0)}"
 
     def use_evaluation_settings(self, seed: int = 12345, samples_per_item: int = 1) -> None:
         """Evaluate ``validate`` / ``test`` with ``samples_per_item`` samples per item from streams seeded ``seed``.

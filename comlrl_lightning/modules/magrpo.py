@@ -42,7 +42,7 @@ from comlrl_lightning.data.sources import format_prompts
 from comlrl_lightning.distributed import world
 from comlrl_lightning.engines import SampleRequest, engine_of
 from comlrl_lightning.engines.verify import check_engine_version, check_logprob_gap
-from comlrl_lightning.evaluation import EvalMetrics, with_turn_mean
+from comlrl_lightning.evaluation import EvalMetrics, balanced_evaluation, with_turn_mean
 from comlrl_lightning.generation import Samples, SamplingStream
 from comlrl_lightning.logging_utils import log_metrics
 from comlrl_lightning.logprobs import build_scoring_batch, scored_token_logps, trim_completion
@@ -217,9 +217,10 @@ class MAGRPOModule(TeamModuleBase):
     def evaluate(self, items: Sequence[dict], task: RolloutTask, seed: int = 12345, samples_per_item: int = 1) -> dict:
         """Single turn: the base's evaluation. Multi-turn: :meth:`evaluate_turns` with the task's formatters,
         oracle and transition; ``eval/reward_mean`` = the mean immediate reward over the turns."""
-        if self.args.num_turns > 1:
-            metrics = self.evaluate_turns(items, task.formatters, task.oracle, task.external_transition,
-                                          samples_per_item=samples_per_item, seed=seed, prompt_field=task.prompt_field)
+        if self.args.num_turns > 1:  # sharded agents: a balanced round on every rank, as the base's
+            metrics = balanced_evaluation(self, lambda: self.evaluate_turns(
+                items, task.formatters, task.oracle, task.external_transition, samples_per_item=samples_per_item,
+                seed=seed, prompt_field=task.prompt_field), self.evaluation_where())
             return with_turn_mean(metrics, self.args.num_turns)
         return super().evaluate(items, task, seed, samples_per_item)
 
