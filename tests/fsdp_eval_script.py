@@ -6,7 +6,8 @@ per call, then ``validate``), ``magrpo_turns`` (2 turns), ``iac_turns`` (2 turns
 ``madpo_iter`` (2 rounds), ``iac_uneven`` (2-turn IAC with the reference KL, whose task reward differs per rank during
 evaluation, as a sandbox timeout or a remote judge can: rank 0's episodes end after turn 1, rank 1's run 2 turns, so
 rank 1 generates, runs critic and KL passes more often during the same evaluation) and ``maac_uneven`` (the same
-with MAAC's shared critic, no KL). Every fit evaluates its 3 eval items before every update and at the end
+with MAAC's shared critic, no KL); ``magrpo_fail`` (FSDP2 only, last: the task reward raises during evaluation on
+rank 1, so every rank stops with a ``RankFailure``; the script exits with an error). Every fit evaluates its 3 eval items before every update and at the end
 (``eval_interval=1``). Each FIT runs with ``strategy="ddp"``, then with ``ModelParallelStrategy()``, from the same
 seed, in the same two processes. Each rank writes ``OUT/rank{r}.pt``: per fit and run, the evaluation callback's
 history (update, metrics), ``validate``'s metrics (``magrpo``), the balanced collectives this rank announced during
@@ -57,9 +58,21 @@ def uneven_reward(completions1: list[str], completions2: list[str]) -> list[floa
     return cooperative_reward(completions1, completions2)
 
 
+def failing_reward(completions1: list[str], completions2: list[str]) -> list[float]:
+    """The task reward, except during evaluation on rank 1: an error."""
+    if in_eval[0] and distributed.world()[0] == 1:
+        raise ValueError("the judge is unreachable")
+    return cooperative_reward(completions1, completions2)
+
+
 def build(name: str, strategy):
     tk = dict(accelerator="cpu", devices=2, strategy=strategy, enable_progress_bar=False, enable_model_summary=False,
               enable_checkpointing=False, default_root_dir=out_dir, logger=False)
+    if name == "magrpo_fail":  # the task reward raises during evaluation on rank 1 only
+        from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
+
+        args = MAGRPOConfig(num_generations=2, train_batch_size=2, rollout_buffer_size=2, **sampling)
+        return MAGRPOTrainer(args=args, reward_func=failing_reward, trainer_kwargs=tk, **common)
     if name in ("magrpo", "magrpo_turns"):
         from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 
@@ -95,7 +108,7 @@ def whole(params) -> torch.Tensor:
 
 record, rank = {}, 0
 for name in names:
-    for run in ("ddp", "fsdp2"):
+    for run in ("fsdp2",) if name == "magrpo_fail" else ("ddp", "fsdp2"):  # ddp: rank 0 would wait for rank 1
         torch.manual_seed(0)
         strategy = DDPStrategy(timeout=TIMEOUT) if run == "ddp" else ModelParallelStrategy(timeout=TIMEOUT)
         tr = build(name, strategy)

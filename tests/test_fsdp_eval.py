@@ -60,6 +60,17 @@ def test_fsdp2_evaluation_with_uneven_calls_ends_and_equals_ddp(tiny_model_dir, 
     assert "eval/turn_1/reference_kl_mean" in ranks[1]["iac_uneven/fsdp2"]["history"][-1][1]
 
 
+@pytest.mark.slow
+def test_fsdp2_evaluation_error_on_one_rank_stops_every_rank(tiny_model_dir, tmp_path):
+    """The task reward raises during evaluation on rank 1 only: rank 0 does not wait for it in a collective, both
+    ranks stop with a RankFailure naming rank 1, the evaluated update and the error."""
+    out = subprocess.run([sys.executable, str(TESTS / "fsdp_eval_script.py"), str(tmp_path), tiny_model_dir,
+                          "magrpo_fail"], capture_output=True, text=True, timeout=300, env=ENV, cwd=tmp_path)
+    assert out.returncode != 0
+    message = "RankFailure: Evaluation at update 0 failed on rank 1 of 2 (rank 1: RewardError"
+    assert out.stderr.count(message) >= 2 and "the judge is unreachable" in out.stderr, out.stderr[-3000:]
+
+
 def test_out_of_step_collectives_are_named(monkeypatch):
     """Ranks announcing different balanced collectives at the same point: the error names both, whatever they are
     (a name given at registration, else one read from the join: its function and the class it refers to)."""
