@@ -178,15 +178,41 @@ def check_launch(devices: int, num_nodes: int, environ: Mapping[str, str] | None
                          "that never start. " + " ".join(problems) + " See docs/scaling.md, \"Launching\".")
 
 
+def uneven_rollout_refusal(module: Any, world_size: int) -> str | None:
+    """Why ``module`` cannot train on ``world_size`` processes, or None.
+
+    ``early_termination_threshold`` with ``num_turns > 1``: a rollout tree (MAGRPO family) or episode (IAC/MAAC)
+    stops early where its own rewards pass the threshold, so ranks that train on different prompts end their trees
+    at different depths and run different numbers of agent updates. Each update averages that agent's gradients
+    over the ranks (one collective), so the ranks would fall out of step: a hang until the process-group timeout,
+    or, for agents of the same shape, gradients of different agents averaged together."""
+    args = getattr(module, "args", None)
+    threshold = getattr(args, "early_termination_threshold", None)
+    if world_size <= 1 or threshold is None or int(getattr(args, "num_turns", 1) or 1) <= 1:
+        return None
+    return (f"early_termination_threshold={threshold!r} with num_turns={args.num_turns} on {world_size} processes "
+            "is not supported: each rank stops its own rollout trees early on its own rewards, so the ranks would "
+            "run different numbers of agent updates and wait for each other forever. Set early_termination_threshold "
+            "to null (None; trees then have every turn on every rank), or train on one process. See "
+            "docs/scaling.md, \"Strategies\".")
+
+
 def preflight(trainer: Any, module: Any = None) -> None:
     """:func:`check_strategy` of ``trainer.strategy``, then :func:`check_launch` of ``trainer.num_devices`` /
     ``trainer.num_nodes`` when the trainer expects several processes or torchrun started this one
     (``TORCHELASTIC_RUN_ID``). A single-process trainer is not checked otherwise: ``srun`` may start independent
     single-device runs on purpose, and Lightning's own launcher leaves ``WORLD_SIZE`` in its process's
     environment after a multi-process fit. A ``ModelParallelStrategy``'s mesh is checked against devices x num_nodes,
-    then its ``"auto"`` sizes are resolved (:func:`resolve_model_parallel`)."""
+    then its ``"auto"`` sizes are resolved (:func:`resolve_model_parallel`). Training with multi-turn early
+    termination on several processes is refused (:func:`uneven_rollout_refusal`); ``validate`` / ``test`` run it
+    (an evaluation is a balanced round, docs/scaling.md, "FSDP2")."""
     devices, num_nodes = int(trainer.num_devices), int(trainer.num_nodes)
     check_strategy(trainer.strategy, module, devices * num_nodes)
+    state = getattr(trainer, "state", None)
+    if getattr(getattr(state, "fn", None), "value", "fit") == "fit":  # validate/test: evaluation is balanced
+        reason = uneven_rollout_refusal(module, devices * num_nodes)
+        if reason is not None:
+            raise ValueError(reason)
     resolve_model_parallel(trainer.strategy, devices * num_nodes)
     if devices * num_nodes > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
         check_launch(devices, num_nodes)

@@ -85,11 +85,13 @@ def build(name: str, strategy):
 
         uneven = name != "iac_turns"
         config, trainer = (MAACConfig, MAACTrainer) if name == "maac_uneven" else (IACConfig, IACTrainer)
-        # iac_turns: some episodes end after turn 1 (mean reward > 1); the uneven fits: on rank 0 only (10 > 5)
+        # iac_turns: some episodes end after turn 1 (mean reward > 1); the uneven fits: on rank 0 only (10 > 5). In
+        # evaluation only (eval_threshold): a fit with early termination on several processes is refused
+        # (strategies.uneven_rollout_refusal: the ranks' update counts would differ)
         extra = dict(reference_kl_enabled=True, reference_kl_coef=0.5) if name == "iac_uneven" else {}
         args = config(num_turns=2, num_generations=1, rollout_buffer_size=2, train_batch_size=2,
-                      critic_learning_rate=1e-2, early_termination_threshold=5.0 if uneven else 1.0, **extra,
-                      **sampling)
+                      critic_learning_rate=1e-2, **extra, **sampling)
+        eval_threshold[0] = 5.0 if uneven else 1.0
         return trainer(args=args, external_transition=plain_transition, trainer_kwargs=tk, **common,
                        reward_func=uneven_reward if uneven else cooperative_reward)
     if name == "madpo_iter":
@@ -110,16 +112,19 @@ record, rank = {}, 0
 for name in names:
     for run in ("fsdp2",) if name == "magrpo_fail" else ("ddp", "fsdp2"):  # ddp: rank 0 would wait for rank 1
         torch.manual_seed(0)
+        eval_threshold = [None]
         strategy = DDPStrategy(timeout=TIMEOUT) if run == "ddp" else ModelParallelStrategy(timeout=TIMEOUT)
         tr = build(name, strategy)
         evaluate = tr.module.evaluate
 
-        def flagged(*a, evaluate=evaluate, **k):
+        def flagged(*a, evaluate=evaluate, args=tr.module.args, threshold=eval_threshold[0], **k):
             in_eval[0] = True
+            args.early_termination_threshold = threshold
             try:
                 return evaluate(*a, **k)
             finally:
                 in_eval[0] = False
+                args.early_termination_threshold = None
         tr.module.evaluate = flagged
         announced.clear()
         tr.train()

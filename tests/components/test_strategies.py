@@ -226,3 +226,36 @@ def test_preflight_checks_multi_process_trainers_and_torchrun(bare_env):
     bare_env.setenv("TORCHELASTIC_RUN_ID", "job")  # torchrun started 2 processes for a single-device trainer
     with pytest.raises(ValueError, match="WORLD_SIZE=2"):
         preflight(SimpleNamespace(strategy=SingleDeviceStrategy("cpu"), num_devices=1, num_nodes=1))
+
+
+def test_multi_turn_early_termination_is_refused_on_several_processes(bare_env):
+    """Ranks would stop their trees at different depths and run different numbers of agent updates (each an
+    all-reduce): refused before any process group exists, naming the option, its value and the fix. One process,
+    one turn, or no threshold pass."""
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
+
+    from comlrl_lightning.config import IACConfig, MAGRPOConfig
+    from comlrl_lightning.strategies import uneven_rollout_refusal
+
+    class Module:  # what preflight reads of a team module: its args, and configure_model (FSDP2)
+        def __init__(self, args):
+            self.args = args
+
+        def configure_model(self) -> None:
+            pass
+
+    module = Module
+
+    stops = module(MAGRPOConfig(num_turns=2, early_termination_threshold=-0.2))
+    for strategy in (DDPStrategy(), ModelParallelStrategy()):
+        with pytest.raises(ValueError) as err:
+            preflight(SimpleNamespace(strategy=strategy, num_devices=2, num_nodes=1), stops)
+        assert "early_termination_threshold=-0.2 with num_turns=2 on 2 processes" in str(err.value)
+        assert "null" in str(err.value) and "docs/scaling.md" in str(err.value)
+    assert "on 4 processes" in uneven_rollout_refusal(module(IACConfig(num_turns=3, early_termination_threshold=0.5)),
+                                                      4)
+    preflight(SimpleNamespace(strategy=SingleDeviceStrategy("cpu"), num_devices=1, num_nodes=1), stops)
+    for fine in (MAGRPOConfig(num_turns=2), MAGRPOConfig(num_turns=1, early_termination_threshold=-0.2)):
+        assert uneven_rollout_refusal(module(fine), 2) is None
+        preflight(SimpleNamespace(strategy=DDPStrategy(), num_devices=2, num_nodes=1), module(fine))
+    assert uneven_rollout_refusal(None, 2) is None
