@@ -83,6 +83,27 @@ def _one_torch_thread():
     torch.set_num_threads(old)
 
 
+#: What Lightning's process launcher writes into ``os.environ`` of the process that calls ``fit`` (even with one
+#: device, e.g. under ModelParallelStrategy). Left behind in the test process, they would reach every later test's
+#: subprocess: a script launched with ``LOCAL_RANK`` set believes an outer launcher started its ranks, starts no
+#: rank 1, and rank 0 waits for it forever (seen in a CI run: tests/trainers/test_ddp.py after an in-process
+#: ModelParallelStrategy fit).
+LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "RANK", "GROUP_RANK",
+                      "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+
+
+@pytest.fixture(autouse=True)
+def _launcher_environment():
+    """Restore the launcher variables after every test (see ``LAUNCHER_VARIABLES``)."""
+    before = {k: os.environ.get(k) for k in LAUNCHER_VARIABLES}
+    yield
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _cache_dir(tmp_path_factory):
     """Keep the embedded default's cache inside the test session (never the user's home)."""
