@@ -180,8 +180,6 @@ def evaluate_turn1(team, tok, items: list[dict], n: int, max_new_tokens: int, te
 
 def train(args, folder: str, tok, items: list[dict]) -> int:
     """2-turn MAGRPO with level_feedback on the first ``args.train_problems`` items; held-out before/after."""
-    import time
-
     import torch
 
     from comlrl_lightning.config import MAGRPOConfig
@@ -190,7 +188,7 @@ def train(args, folder: str, tok, items: list[dict]) -> int:
     from comlrl_lightning.trainers.reinforce import MAGRPOTrainer
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from real_writing import LORA, Counts, comlrl_tokenizer, comlrl_trainer, counting, load_comlrl_adapters
+    from real_writing import LORA, comlrl_tokenizer, comlrl_trainer, timed_train
 
     def wrap(f):
         return lambda item, external_prompts=None: chat_prompt(tok, f(item, external_prompts))
@@ -244,17 +242,10 @@ def train(args, folder: str, tok, items: list[dict]) -> int:
                     external_transition=make_code_transition("level_feedback", problems=train_items,
                                                              sandbox_slice=1, timeout_s=5.0))
                 torch.manual_seed(seed)
-            counts = Counts()
-            load = os.getloadavg()[0]
             # CoMLRL's agents pad finished rows with its tokenizer copy's pad (``<|endoftext|>``), not the EOS
             ends = {tok.eos_token_id, tok.pad_token_id, comlrl_tokenizer(tok).pad_token_id}
-            with counting(counts, ends):
-                t0 = time.perf_counter()
-                (theirs or ours).train()
-                wall = time.perf_counter() - t0
-            if theirs is not None:
-                load_comlrl_adapters(ours.team, theirs)
-                del theirs
+            counts, wall, load = timed_train(ours, theirs, ends)
+            del theirs
             after = evaluate_turn1(ours.team, tok, held_out, args.eval_samples, args.max_new_tokens,
                                    args.temperature)
             train_reward = statistics.mean(seen) if seen else float("nan")

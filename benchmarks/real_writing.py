@@ -232,6 +232,21 @@ def comlrl_tokenizer(tokenizer):
     return tok
 
 
+def timed_train(ours, theirs, eos_ids: set[int]) -> tuple[Counts, float, float]:
+    """``train()`` of CoMLRL's trainer (``theirs``) or else ours, counted (:func:`counting`) and timed; CoMLRL's
+    trained adapters are then loaded into our team. Returns the counts, the wall seconds and the 1-minute load
+    average at the start."""
+    counts = Counts()
+    load = os.getloadavg()[0]
+    with counting(counts, eos_ids):
+        t0 = time.perf_counter()
+        (theirs or ours).train()
+        wall = time.perf_counter() - t0
+    if theirs is not None:
+        load_comlrl_adapters(ours.team, theirs)
+    return counts, wall, load
+
+
 def load_comlrl_adapters(team, theirs) -> None:
     """CoMLRL's trained adapter i into our agent i's adapter (same LoraConfig, peft's state-dict helpers)."""
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
@@ -340,15 +355,8 @@ def main(argv: list[str] | None = None) -> int:
             theirs = comlrl_trainer(method, ours, folder, tok, train_items) if lib == "comlrl" else None
             if theirs is not None:
                 torch.manual_seed(seed)
-            counts = Counts()
-            load = os.getloadavg()[0]
-            with counting(counts, eos_ids):
-                t0 = time.perf_counter()
-                (theirs or ours).train()
-                wall = time.perf_counter() - t0
-            if theirs is not None:
-                load_comlrl_adapters(ours.team, theirs)
-                del theirs
+            counts, wall, load = timed_train(ours, theirs, eos_ids)
+            del theirs
             after = evaluate(ours, eval_items, args.eval_samples)
             row = dict(method=method, lib=lib, seed=seed, wall=wall, tokens=counts.tokens,
                        gen_calls=counts.gen_calls, opt_steps=counts.opt_steps, load=load, **after)
